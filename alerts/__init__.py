@@ -1,0 +1,1 @@
+"""inferwatch alerts (grown by later issues)."""

@@ -1,0 +1,1 @@
+"""inferwatch collector (grown by later issues)."""

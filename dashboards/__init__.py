@@ -1,0 +1,1 @@
+"""inferwatch dashboards (grown by later issues)."""

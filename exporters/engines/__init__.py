@@ -1,0 +1,61 @@
+"""Engine adapters, registered explicitly (one module per engine)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from ..mapping import EngineAdapter
+from . import tgi, triton, trtllm, vllm
+
+
+@dataclass
+class EngineRegistry:
+    """Adapters by engine name, in detection order."""
+
+    adapters: dict[str, EngineAdapter] = field(default_factory=dict)
+
+    def register(self, adapter: EngineAdapter) -> None:
+        if adapter.name in self.adapters:
+            raise ValueError(f"engine {adapter.name!r} registered twice")
+        self.adapters[adapter.name] = adapter
+
+    def get(self, name: str) -> EngineAdapter:
+        try:
+            return self.adapters[name]
+        except KeyError:
+            known = ", ".join(self.adapters)
+            raise KeyError(f"unknown engine {name!r}; known engines: {known}") from None
+
+    def names(self) -> list[str]:
+        return list(self.adapters)
+
+    def __iter__(self) -> Iterable[EngineAdapter]:  # type: ignore[override]
+        return iter(self.adapters.values())
+
+    def detect(self, payload: str) -> EngineAdapter | None:
+        """Identify the engine that produced ``payload``; ``None`` when it cannot be told (empty body)."""
+        stripped = payload.lstrip()
+        if stripped[:1] in ("[", "{"):
+            try:
+                json.loads(stripped)
+            except ValueError:
+                return None
+            return self.adapters.get(trtllm.ADAPTER.name)
+        for adapter in self.adapters.values():
+            if any(marker in payload for marker in adapter.detect_markers) or any(
+                stripped.startswith(m.lstrip("\n")) for m in adapter.detect_markers
+            ):
+                return adapter
+        return None
+
+
+def builtin_registry() -> EngineRegistry:
+    """A registry with vLLM, TGI, Triton and TensorRT-LLM (detection tries them in this order)."""
+    registry = EngineRegistry()
+    registry.register(vllm.ADAPTER)
+    registry.register(tgi.ADAPTER)
+    registry.register(triton.ADAPTER)
+    registry.register(trtllm.ADAPTER)
+    return registry

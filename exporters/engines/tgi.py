@@ -1,0 +1,144 @@
+"""Hugging Face Text Generation Inference (v3 router, metrics-exporter-prometheus 0.15.3).
+
+Source: the TGI catalog (``tgi.md`` §1.2–1.8, §4). TGI's ``/metrics`` has no ``_total`` suffixes,
+no model label, geometric ``le`` strings with float noise, families in arbitrary order and an empty
+body until the first request. The model comes from ``GET /info``; the KV-cache capacity is not
+exposed anywhere, so ``max_batch_total_tokens`` must come from configuration to turn
+``tgi_batch_current_max_tokens`` into a usage ratio.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from inferwatch import vocabulary as V
+
+from ..mapping import EngineAdapter, EngineFacts, Row, TranslateContext, info_key
+from ..model import Snapshot
+from ..textparse import ParsedText
+
+OPTION_MAX_BATCH_TOTAL_TOKENS = "max_batch_total_tokens"
+
+# err label -> outcome. validation/template failures are client errors (HTTP 422) that never
+# reached the engine, like vLLM's HTTP 400 rejections, which leave no vllm: series: not counted.
+FAILURE_REASON: dict[str, str | None] = {
+    "overloaded": V.OUTCOME_ERROR,  # 429, the concurrency semaphore was full
+    "incomplete": V.OUTCOME_ERROR,  # 500, stream ended without a final token
+    "generation": V.OUTCOME_ERROR,  # 424, a shard RPC failed
+    "dropped": V.OUTCOME_ABORT,  # the client went away
+    "validation": None,
+    "template": None,
+    "*": V.OUTCOME_ERROR,
+}
+
+ROWS: tuple[Row, ...] = (
+    Row(V.REQUEST_DURATION, ("tgi_request_duration",)),
+    Row(V.REQUEST_QUEUE, ("tgi_request_queue_duration",)),
+    Row(
+        V.TIME_PER_OUTPUT_TOKEN,
+        ("tgi_request_mean_time_per_token_duration",),
+        note="[tgi: approximate, TGI's mean time per token = inference time / generated tokens, "
+        "so it includes the prefill.]",
+    ),
+    Row(
+        V.INTER_TOKEN_LATENCY,
+        ("tgi_batch_inference_duration",),
+        match={"method": "decode"},
+        note="[tgi: approximate, one observation per decode step of the whole batch.]",
+    ),
+    Row(
+        V.REQUEST_PROMPT_TOKENS,
+        ("tgi_request_input_length",),
+        note="[tgi: recorded at validation, once per 1024-token continuation chunk.]",
+    ),
+    Row(V.REQUEST_GENERATION_TOKENS, ("tgi_request_generated_tokens",)),
+    Row(
+        V.REQUESTS,
+        ("tgi_request_success",),
+        const={V.LABEL_OUTCOME: V.OUTCOME_STOP},
+        note="[tgi: every successful request counts as outcome=stop (TGI does not tell stop from "
+        "length); validation and template failures (HTTP 422) are not counted.]",
+    ),
+    Row(
+        V.REQUESTS,
+        ("tgi_request_failure",),
+        {"err": V.LABEL_OUTCOME},
+        values={"err": FAILURE_REASON},
+    ),
+    Row(V.PROMPT_TOKENS, ("tgi_request_input_length_sum",)),
+    Row(V.GENERATION_TOKENS, ("tgi_request_generated_tokens_sum",)),
+    Row(
+        V.SPEC_DECODE_ACCEPTED_TOKENS,
+        ("tgi_request_skipped_tokens_sum",),
+        note="[tgi: extra tokens accepted per step by Medusa/n-gram speculation.]",
+    ),
+    Row(V.REQUESTS_RUNNING, ("tgi_batch_current_size",)),
+    Row(V.REQUESTS_WAITING, ("tgi_queue_size",)),
+)
+
+CURRENT_MAX_TOKENS = "tgi_batch_current_max_tokens"
+
+UNSUPPORTED = {
+    V.TIME_TO_FIRST_TOKEN.key: "TGI has no time-to-first-token metric; per-request TTFT comes from its "
+    "traces (collector). Left absent rather than estimated.",
+    V.REQUEST_PREFILL.key: "TGI records prefill time per batch step (tgi_batch_inference_duration), "
+    "not per request.",
+    V.REQUEST_DECODE.key: "TGI has no per-request decode time.",
+    V.PREEMPTIONS.key: "TGI does not count preemptions.",
+    V.PREFIX_CACHE_QUERIED_TOKENS.key: "TGI exposes no prefix-cache metric.",
+    V.PREFIX_CACHE_HIT_TOKENS.key: "TGI exposes no prefix-cache metric.",
+    V.SPEC_DECODE_DRAFT_TOKENS.key: "TGI reports only accepted speculative tokens, not drafts.",
+}
+
+IGNORED = frozenset(
+    {
+        "tgi_request_count",  # over-counts (chat +2, completions +1 per prompt)
+        "tgi_request_validation_duration", "tgi_request_inference_duration",
+        "tgi_request_max_new_tokens", "tgi_batch_next_size", "tgi_batch_concat",
+        "tgi_batch_inference_count", "tgi_batch_inference_success", "tgi_batch_inference_failure",
+        "tgi_batch_forward_duration", "tgi_batch_decode_duration", "tgi_batch_filter_duration",
+        "tgi_batch_concat_duration", "tgi_batch_max_total_tokens",
+    }
+)  # fmt: skip
+
+
+def hook(parsed: ParsedText, ctx: TranslateContext, snap: Snapshot) -> None:
+    """KV-usage proxy from the configured capacity, and the info series from ``/info``."""
+    capacity = ctx.options.get(OPTION_MAX_BATCH_TOTAL_TOKENS)
+    if capacity:
+        snap.add_value(V.KV_CACHE_CAPACITY, ctx.key({}), float(capacity))
+        for _, value in parsed.get(CURRENT_MAX_TOKENS):
+            snap.add_value(V.KV_CACHE_USAGE, ctx.key({}), value / float(capacity))
+        snap.notes[V.KV_CACHE_USAGE] = (
+            "[tgi: approximate, KV slots reserved by the running batch / configured max_batch_total_tokens.]"
+        )
+    if ctx.facts.version or ctx.facts.model:
+        info = {V.LABEL_MAX_CONCURRENCY: ctx.facts.max_concurrency or ""}
+        snap.set_value(V.ENGINE_INFO, info_key(ctx, info), 1.0)
+
+
+def parse_info(body: Any) -> EngineFacts:
+    """``GET /info`` -> model id, version and the concurrency limit."""
+    if not isinstance(body, dict):
+        return EngineFacts()
+    limit = body.get("max_concurrent_requests")
+    return EngineFacts(
+        version=str(body["version"]) if body.get("version") else None,
+        model=str(body["model_id"]) if body.get("model_id") else None,
+        max_concurrency=str(limit) if limit is not None else None,
+    )
+
+
+ADAPTER = EngineAdapter(
+    name=V.ENGINE_TGI,
+    rows=ROWS,
+    prefixes=("tgi_",),
+    unsupported=UNSUPPORTED,
+    ignored=IGNORED,
+    extra_samples=(CURRENT_MAX_TOKENS,),
+    hook=hook,
+    hook_metrics=(V.KV_CACHE_USAGE, V.KV_CACHE_CAPACITY, V.ENGINE_INFO),
+    info_path="/info",
+    parse_info=parse_info,
+    detect_markers=("tgi_",),
+)

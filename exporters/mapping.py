@@ -1,0 +1,345 @@
+"""Declarative mapping rows and the generic translator that applies them.
+
+An engine module is mostly a tuple of :class:`Row` objects: which source family feeds which
+canonical metric, with label renames, value maps (``finished_reason`` -> ``outcome``), label
+matchers (Triton's label-pivoted gauges) and unit scaling. Oddities that are not data (vLLM's
+``cache_config_info``, TGI's KV proxy, TensorRT-LLM's JSON iteration stats) go in a hook.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+from inferwatch import vocabulary as V
+
+from . import textparse
+from .model import HistogramValue, SeriesKey, Snapshot, rebucket, series_key
+from .textparse import Labels, ParsedText
+
+
+@dataclass(frozen=True)
+class Row:
+    """One source family feeding one canonical metric.
+
+    ``sources`` lists sample names (counters, gauges) or histogram base names, current name first
+    and older aliases after; the first one present in a payload is used.
+    """
+
+    metric: V.MetricSpec
+    sources: tuple[str, ...]
+    labels: Mapping[str, str] = field(default_factory=dict)
+    """source label -> canonical label; other source labels are dropped (series then aggregate)."""
+    match: Mapping[str, str] = field(default_factory=dict)
+    """only samples whose source labels have these values."""
+    values: Mapping[str, Mapping[str, str | None]] = field(default_factory=dict)
+    """source label -> {source value: canonical value}; ``None`` or an unlisted value drops the sample
+    (``"*"`` gives a default)."""
+    const: Mapping[str, str] = field(default_factory=dict)
+    """canonical labels with a fixed value."""
+    divisor: float = 1.0
+    """source unit per canonical unit (1000 for ms -> s); applied to values, sums and ``le``."""
+    sum_only: bool = False
+    """histogram source with no buckets: ``sources`` is ``(sum_sample, count_sample)``."""
+    note: str = ""
+    """approximation note, appended to the canonical HELP text."""
+
+    def sample_names(self) -> tuple[str, ...]:
+        if self.metric.kind is not V.Kind.HISTOGRAM or self.sum_only:
+            return self.sources
+        return tuple(f"{s}{suffix}" for s in self.sources for suffix in ("_bucket", "_sum", "_count"))
+
+
+@dataclass(frozen=True)
+class EngineFacts:
+    """What an engine reveals about itself outside ``/metrics`` (``/info``, ``/version``)."""
+
+    version: str | None = None
+    model: str | None = None
+    max_concurrency: str | None = None
+
+
+@dataclass
+class TranslateContext:
+    """Per-target settings the translation needs."""
+
+    engine: str
+    vocabulary: V.Vocabulary = field(default_factory=V.Vocabulary)
+    model_override: str | None = None
+    extra_labels: Mapping[str, str] = field(default_factory=dict)
+    facts: EngineFacts = field(default_factory=EngineFacts)
+    options: Mapping[str, Any] = field(default_factory=dict)
+    """engine-specific options (e.g. TGI's ``max_batch_total_tokens``)."""
+    state: Any = None
+    """engine-specific state carried across scrapes (TensorRT-LLM JSON accumulator)."""
+
+    def model_for(self, source_model: str | None) -> str:
+        if self.model_override:
+            return self.model_override
+        if source_model and source_model not in ("undefined", ""):
+            return source_model
+        return self.facts.model or V.UNKNOWN
+
+    def key(self, labels: dict[str, str]) -> SeriesKey:
+        labels[V.LABEL_ENGINE] = self.engine
+        labels[V.LABEL_MODEL] = self.model_for(labels.get(V.LABEL_MODEL))
+        return series_key(labels, self.extra_labels)
+
+
+Hook = Callable[[ParsedText, TranslateContext, Snapshot], None]
+
+
+@dataclass(frozen=True)
+class EngineAdapter:
+    """An engine's dialect: mapping rows plus the few things that are not data."""
+
+    name: str
+    rows: tuple[Row, ...]
+    prefixes: tuple[str, ...]
+    """name prefixes of the engine's own families (for detection and unmapped accounting)."""
+    unsupported: Mapping[str, str]
+    """canonical metric key -> why this engine cannot provide it."""
+    ignored: frozenset[str] = frozenset()
+    """engine families known and deliberately not mapped."""
+    extra_samples: tuple[str, ...] = ()
+    """further sample names the hook reads."""
+    hook: Hook | None = None
+    hook_rows: tuple[Row, ...] = ()
+    """rows the hook applies itself (e.g. with a filter); counted as mapped."""
+    hook_metrics: tuple[V.MetricSpec, ...] = ()
+    """canonical metrics the hook computes without rows."""
+    aliases: Callable[[str], Iterable[str]] | None = None
+    """other spellings of a source name (vLLM's ``vllm_`` for ``vllm:``)."""
+    default_path: str = "/metrics"
+    info_path: str | None = None
+    parse_info: Callable[[Any], EngineFacts] | None = None
+    detect_markers: tuple[str, ...] = ()
+    """substrings whose presence identifies this engine's text payload."""
+
+    @cached_property
+    def wanted(self) -> frozenset[str]:
+        names: set[str] = set(self.extra_samples)
+        for row in (*self.rows, *self.hook_rows):
+            names.update(row.sample_names())
+        if self.aliases:
+            for n in list(names):
+                names.update(self.aliases(n))
+        return frozenset(names)
+
+    @cached_property
+    def mapped_families(self) -> frozenset[str]:
+        fams: set[str] = set()
+        for name in (*(s for r in (*self.rows, *self.hook_rows) for s in r.sources), *self.extra_samples):
+            fams.add(family_of(name))
+        if self.aliases:
+            for f in list(fams):
+                fams.update(family_of(a) for a in self.aliases(f))
+        return frozenset(fams)
+
+    def mapped_metrics(self) -> frozenset[str]:
+        """Keys of canonical metrics this adapter can produce (rows plus hook-produced ones)."""
+        rows = (*self.rows, *self.hook_rows)
+        return frozenset(r.metric.key for r in rows) | {m.key for m in self.hook_metrics}
+
+
+def family_of(sample_or_family: str) -> str:
+    """Normalise a sample or family name to a family key (``_total``/``_sum``/``_count`` stripped)."""
+    for suffix in ("_total", "_sum", "_count", "_bucket"):
+        if sample_or_family.endswith(suffix):
+            return sample_or_family[: -len(suffix)]
+    return sample_or_family
+
+
+def _first_present(parsed: ParsedText, names: Iterable[str], suffix: str = "") -> str | None:
+    for n in names:
+        if parsed.samples.get(n + suffix):
+            return n
+    return None
+
+
+def _candidates(adapter: EngineAdapter, source: str) -> list[str]:
+    out = [source]
+    if adapter.aliases:
+        out.extend(adapter.aliases(source))
+    return out
+
+
+def _map_labels(row: Row, labels: Labels) -> dict[str, str] | None:
+    src = dict(labels)
+    for k, v in row.match.items():
+        if src.get(k) != v:
+            return None
+    out: dict[str, str] = {}
+    for sk, ck in row.labels.items():
+        if sk in src:
+            out[ck] = src[sk]
+    for sk, vmap in row.values.items():
+        raw = src.get(sk, "")
+        mapped = vmap.get(raw, vmap.get("*"))
+        if mapped is None:
+            return None
+        out[row.labels.get(sk, sk)] = mapped
+    out.update(row.const)
+    return out
+
+
+Accept = Callable[[Labels], bool]
+
+
+def translate_rows(
+    adapter: EngineAdapter, rows: Iterable[Row], parsed: ParsedText, ctx: TranslateContext, snap: Snapshot,
+    accept: Accept | None = None,
+) -> None:  # fmt: skip
+    """Apply ``rows`` to ``parsed`` into ``snap``; ``accept`` filters source label sets."""
+    vocab = ctx.vocabulary
+    for row in rows:
+        if row.metric.kind is V.Kind.HISTOGRAM:
+            _translate_histogram(adapter, row, parsed, ctx, snap, vocab, accept)
+            continue
+        names = [c for s in row.sources for c in _candidates(adapter, s)]
+        name = _first_present(parsed, names)
+        if name is None:
+            continue
+        _note(snap, row)
+        for labels, value in parsed.samples[name]:
+            if accept is not None and not accept(labels):
+                continue
+            mapped = _map_labels(row, labels)
+            if mapped is None:
+                continue
+            snap.add_value(row.metric, ctx.key(mapped), value / row.divisor)
+
+
+def _note(snap: Snapshot, row: Row) -> None:
+    if row.note:
+        old = snap.notes.get(row.metric, "")
+        if row.note not in old:
+            snap.notes[row.metric] = f"{old} {row.note}".strip()
+
+
+def translate_parsed(adapter: EngineAdapter, parsed: ParsedText, ctx: TranslateContext) -> Snapshot:
+    """Apply ``adapter``'s rows (and hook) to a parsed payload."""
+    snap = Snapshot()
+    translate_rows(adapter, adapter.rows, parsed, ctx, snap)
+    if adapter.hook is not None:
+        adapter.hook(parsed, ctx, snap)
+    _account_unmapped(adapter, parsed, snap)
+    return snap
+
+
+def _translate_histogram(
+    adapter: EngineAdapter, row: Row, parsed: ParsedText, ctx: TranslateContext, snap: Snapshot,
+    vocab: V.Vocabulary, accept: Accept | None,
+) -> None:  # fmt: skip
+    bounds = vocab.buckets(row.metric)
+    if row.sum_only:
+        sum_name, count_name = row.sources
+        sums = parsed.samples.get(sum_name)
+        counts = parsed.samples.get(count_name)
+        if not sums or not counts:
+            return
+        count_by = {_norm(lbl): v for lbl, v in counts}
+        for labels, total in sums:
+            if accept is not None and not accept(labels):
+                continue
+            n = count_by.get(_norm(labels))
+            mapped = _map_labels(row, labels)
+            if n is None or mapped is None:
+                continue
+            snap.add_histogram(row.metric, ctx.key(mapped), HistogramValue(bounds, None, n, total / row.divisor))
+            snap.inexact.add(row.metric)
+        _note(snap, row)
+        return
+    names = [c for s in row.sources for c in _candidates(adapter, s)]
+    base = _first_present(parsed, names, "_bucket") or _first_present(parsed, names, "_count")
+    if base is None:
+        return
+    _note(snap, row)
+    le_cache: dict[str, float] = {}
+    series: dict[Labels, tuple[Labels, list[tuple[float, float]]]] = {}
+    inf_counts: dict[Labels, float] = {}
+    for labels, value in parsed.samples.get(base + "_bucket", ()):
+        le_raw = ""
+        rest = []
+        for pair in labels:
+            if pair[0] == "le":
+                le_raw = pair[1]
+            else:
+                rest.append(pair)
+        key = tuple(sorted(rest))
+        le = le_cache.get(le_raw)
+        if le is None:
+            try:
+                le = float(le_raw) / row.divisor
+            except ValueError:
+                raise textparse.ParseError(f"{base}_bucket has an invalid le={le_raw!r}") from None
+            le_cache[le_raw] = le
+        if le == float("inf"):
+            inf_counts[key] = value
+            series.setdefault(key, (tuple(rest), []))
+        else:
+            series.setdefault(key, (tuple(rest), []))[1].append((le, value))
+    sums = {_norm(lbl): v for lbl, v in parsed.samples.get(base + "_sum", ())}
+    counts = {_norm(lbl): v for lbl, v in parsed.samples.get(base + "_count", ())}
+    for key in counts.keys() - series.keys():
+        series[key] = (key, [])
+    for key, (labels, buckets) in series.items():
+        if accept is not None and not accept(labels):
+            continue
+        mapped = _map_labels(row, labels)
+        if mapped is None:
+            continue
+        buckets.sort()
+        total = counts.get(key, inf_counts.get(key, buckets[-1][1] if buckets else 0.0))
+        inf = inf_counts.get(key, total)
+        if buckets:
+            canon, exact = rebucket(buckets, bounds)
+            if not exact:
+                snap.inexact.add(row.metric)
+            hv = HistogramValue(bounds, canon, inf, sums.get(key, 0.0) / row.divisor)
+        else:
+            hv = HistogramValue(bounds, None, inf, sums.get(key, 0.0) / row.divisor)
+            snap.inexact.add(row.metric)
+        snap.add_histogram(row.metric, ctx.key(mapped), hv)
+
+
+def _norm(labels: Labels) -> Labels:
+    return tuple(sorted(labels))
+
+
+def _account_unmapped(adapter: EngineAdapter, parsed: ParsedText, snap: Snapshot) -> None:
+    mapped = adapter.mapped_families
+    unmapped = []
+    for fam in parsed.families:
+        if not fam.startswith(adapter.prefixes) or fam.endswith("_created"):
+            continue
+        key = family_of(fam)
+        if key in mapped or fam in mapped or key in adapter.ignored or fam in adapter.ignored:
+            continue
+        unmapped.append(fam)
+    snap.unmapped = sorted(unmapped)
+
+
+def translate_text(adapter: EngineAdapter, text: str, ctx: TranslateContext) -> Snapshot:
+    """Parse and translate one text payload."""
+    parsed = textparse.parse(text, adapter.wanted)
+    return translate_parsed(adapter, parsed, ctx)
+
+
+def first(parsed: ParsedText, adapter: EngineAdapter, name: str) -> list[tuple[Labels, float]]:
+    """Samples of ``name`` or of its first present alias."""
+    for cand in _candidates(adapter, name):
+        got = parsed.samples.get(cand)
+        if got:
+            return got
+    return []
+
+
+def info_key(ctx: TranslateContext, labels: dict[str, str]) -> SeriesKey:
+    """Series key for ``ENGINE_INFO``: every info label present, ``unknown`` when not revealed."""
+    full = {name: V.UNKNOWN for name in V.INFO_LABELS}
+    full[V.LABEL_ENGINE_VERSION] = ctx.facts.version or V.UNKNOWN
+    full.update({k: v for k, v in labels.items() if v})
+    return ctx.key(full)

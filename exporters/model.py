@@ -1,0 +1,142 @@
+"""Canonical samples as the exporter holds them between translation and rendering."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from inferwatch import vocabulary as V
+
+SeriesKey = tuple[tuple[str, str], ...]
+
+
+def series_key(labels: Mapping[str, str], extra: Mapping[str, str] | None = None) -> SeriesKey:
+    """Canonical label pairs in rendering order: canonical labels first, then ``extra`` sorted."""
+    key = [(name, labels[name]) for name in V.LABEL_ORDER if name in labels]
+    if extra:
+        key.extend(sorted(extra.items()))
+    return tuple(key)
+
+
+@dataclass
+class HistogramValue:
+    """A canonical histogram series: cumulative counts at the canonical boundaries."""
+
+    bounds: tuple[float, ...]
+    counts: list[float] | None
+    """Cumulative count per finite bound; ``None`` when the source has no buckets (sum/count only)."""
+    inf: float
+    total: float
+
+    def merge(self, other: HistogramValue) -> None:
+        if self.counts is not None and other.counts is not None:
+            self.counts = [a + b for a, b in zip(self.counts, other.counts, strict=True)]
+        else:
+            self.counts = None
+        self.inf += other.inf
+        self.total += other.total
+
+
+def rebucket(
+    source: Sequence[tuple[float, float]], canonical: Sequence[float]
+) -> tuple[list[float], bool]:
+    """Map cumulative source buckets onto canonical boundaries.
+
+    ``source`` holds ``(upper_bound, cumulative_count)`` for the finite source buckets, sorted by
+    bound. For each canonical boundary the count is exact when the source has that boundary;
+    otherwise it is the cumulative count at the largest source boundary below it (0 if none), which
+    never overstates the number of observations at or below the boundary. Returns the counts and
+    whether every boundary was exact.
+    """
+    counts: list[float] = []
+    exact = True
+    j = 0
+    n = len(source)
+    last = 0.0
+    for bound in canonical:
+        while j < n and source[j][0] < bound:
+            last = source[j][1]
+            j += 1
+        if j < n and source[j][0] == bound:
+            counts.append(source[j][1])
+        else:
+            counts.append(last)
+            exact = False
+    return counts, exact
+
+
+@dataclass
+class Snapshot:
+    """Canonical series produced from one engine payload."""
+
+    values: dict[V.MetricSpec, dict[SeriesKey, float]] = field(default_factory=dict)
+    histograms: dict[V.MetricSpec, dict[SeriesKey, HistogramValue]] = field(default_factory=dict)
+    inexact: set[V.MetricSpec] = field(default_factory=set)
+    notes: dict[V.MetricSpec, str] = field(default_factory=dict)
+    """Approximation notes per canonical metric (appended to HELP for this engine)."""
+    unmapped: list[str] = field(default_factory=list)
+
+    def add_value(self, spec: V.MetricSpec, key: SeriesKey, value: float) -> None:
+        series = self.values.setdefault(spec, {})
+        old = series.get(key)
+        if old is None:
+            series[key] = value
+        elif spec.aggregation is V.Aggregation.MAX:
+            series[key] = max(old, value)
+        else:
+            series[key] = old + value
+
+    def set_value(self, spec: V.MetricSpec, key: SeriesKey, value: float) -> None:
+        self.values.setdefault(spec, {})[key] = value
+
+    def add_histogram(self, spec: V.MetricSpec, key: SeriesKey, value: HistogramValue) -> None:
+        series = self.histograms.setdefault(spec, {})
+        old = series.get(key)
+        if old is None:
+            series[key] = value
+        else:
+            old.merge(value)
+
+    def metrics(self) -> set[V.MetricSpec]:
+        """Canonical metrics with at least one series."""
+        return {m for m, s in self.values.items() if s} | {m for m, s in self.histograms.items() if s}
+
+    def value(self, spec: V.MetricSpec, **labels: str) -> float:
+        """Sum of the series of ``spec`` whose labels include ``labels`` (a convenience for tests)."""
+        total = 0.0
+        for key, v in self.values.get(spec, {}).items():
+            d = dict(key)
+            if all(d.get(k) == val for k, val in labels.items()):
+                total += v
+        return total
+
+    def histogram(self, spec: V.MetricSpec, **labels: str) -> HistogramValue | None:
+        """The merged histogram of the series of ``spec`` matching ``labels``."""
+        merged: HistogramValue | None = None
+        for key, h in self.histograms.get(spec, {}).items():
+            d = dict(key)
+            if all(d.get(k) == val for k, val in labels.items()):
+                copy = HistogramValue(h.bounds, None if h.counts is None else list(h.counts), h.inf, h.total)
+                if merged is None:
+                    merged = copy
+                else:
+                    merged.merge(copy)
+        return merged
+
+
+def merge_snapshots(snapshots: Iterable[Snapshot]) -> Snapshot:
+    """Union of several targets' snapshots (their label sets are distinct by configuration)."""
+    out = Snapshot()
+    for snap in snapshots:
+        for spec, series in snap.values.items():
+            for key, v in series.items():
+                out.add_value(spec, key, v)
+        for spec, hseries in snap.histograms.items():
+            for key, h in hseries.items():
+                out.add_histogram(spec, key, h)
+        out.inexact |= snap.inexact
+        for spec, note in snap.notes.items():
+            if note not in out.notes.get(spec, ""):
+                out.notes[spec] = f"{out.notes[spec]} {note}".strip() if spec in out.notes else note
+        out.unmapped.extend(snap.unmapped)
+    return out

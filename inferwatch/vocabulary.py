@@ -1,0 +1,356 @@
+"""The canonical LLM-serving vocabulary: the one place where inferwatch spells its names.
+
+Every canonical metric name, label name, label value set, unit and bucket layout is defined here.
+Exporters, alert and dashboard generators and the collector's schema import these objects; a test
+(``tests/test_drift.py``) fails when a canonical metric name is spelled anywhere else.
+
+Bucket boundaries follow OpenTelemetry's GenAI semantic conventions where they advise some
+(``gen_ai.server.time_to_first_token``, ``gen_ai.server.time_per_output_token``,
+``gen_ai.server.request.duration``). SLO thresholds given in configuration are added to a layout
+with :meth:`Vocabulary.with_boundaries`, so that rules can match an exact ``le`` string rendered
+by :func:`format_le`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Final
+
+
+class Kind(StrEnum):
+    """Prometheus metric type of a canonical family."""
+
+    COUNTER = "counter"
+    GAUGE = "gauge"
+    HISTOGRAM = "histogram"
+
+
+class Aggregation(StrEnum):
+    """How several source series that land on one canonical series are combined."""
+
+    SUM = "sum"
+    MAX = "max"
+
+
+# --- label names -----------------------------------------------------------------------------
+LABEL_ENGINE: Final = "engine"
+LABEL_MODEL: Final = "model"
+LABEL_DP_RANK: Final = "dp_rank"
+LABEL_OUTCOME: Final = "outcome"
+LABEL_METRIC: Final = "metric"
+LABEL_TARGET: Final = "target"
+LABEL_LE: Final = "le"
+# llm_engine_info labels (config facts an engine reveals)
+LABEL_ENGINE_VERSION: Final = "engine_version"
+LABEL_BLOCK_SIZE: Final = "block_size"
+LABEL_GPU_MEMORY_UTILIZATION: Final = "gpu_memory_utilization"
+LABEL_PREFIX_CACHING: Final = "prefix_caching"
+LABEL_KV_CACHE_DTYPE: Final = "kv_cache_dtype"
+LABEL_MAX_CONCURRENCY: Final = "max_concurrency"
+
+INFO_LABELS: Final[tuple[str, ...]] = (
+    LABEL_ENGINE_VERSION,
+    LABEL_BLOCK_SIZE,
+    LABEL_GPU_MEMORY_UTILIZATION,
+    LABEL_PREFIX_CACHING,
+    LABEL_KV_CACHE_DTYPE,
+    LABEL_MAX_CONCURRENCY,
+)
+
+# The order in which canonical labels are rendered (``le`` always last).
+LABEL_ORDER: Final[tuple[str, ...]] = (
+    LABEL_ENGINE,
+    LABEL_MODEL,
+    LABEL_DP_RANK,
+    LABEL_OUTCOME,
+    LABEL_METRIC,
+    LABEL_TARGET,
+    *INFO_LABELS,
+)
+
+# --- label values ----------------------------------------------------------------------------
+ENGINE_VLLM: Final = "vllm"
+ENGINE_TGI: Final = "tgi"
+ENGINE_TRTLLM: Final = "trtllm"
+ENGINE_TRITON: Final = "triton"
+ENGINES: Final[tuple[str, ...]] = (ENGINE_VLLM, ENGINE_TGI, ENGINE_TRTLLM, ENGINE_TRITON)
+
+OUTCOME_STOP: Final = "stop"
+OUTCOME_LENGTH: Final = "length"
+OUTCOME_ABORT: Final = "abort"
+OUTCOME_ERROR: Final = "error"
+OUTCOMES: Final[tuple[str, ...]] = (OUTCOME_STOP, OUTCOME_LENGTH, OUTCOME_ABORT, OUTCOME_ERROR)
+
+UNKNOWN: Final = "unknown"
+TRUE: Final = "true"
+FALSE: Final = "false"
+
+# --- bucket layouts --------------------------------------------------------------------------
+# OpenTelemetry GenAI advice for gen_ai.server.time_to_first_token.
+BUCKETS_TTFT: Final[tuple[float, ...]] = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+)  # fmt: skip
+# OpenTelemetry GenAI advice for gen_ai.server.time_per_output_token.
+BUCKETS_TPOT: Final[tuple[float, ...]] = (
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
+)  # fmt: skip
+# OpenTelemetry GenAI advice for gen_ai.server.request.duration: 0.01 doubling to 81.92.
+BUCKETS_REQUEST_DURATION: Final[tuple[float, ...]] = tuple(0.01 * 2**i for i in range(14))
+# Token counts: the 1-2-5 series (vLLM's own token layout is a prefix of it, so it maps exactly).
+BUCKETS_TOKENS: Final[tuple[float, ...]] = tuple(
+    float(m * 10**e) for e in range(6) for m in (1, 2, 5)
+) + (1_000_000.0,)
+
+
+def format_le(bound: float) -> str:
+    """Render a bucket boundary the one way inferwatch writes ``le`` values.
+
+    Python's shortest round-trip ``repr`` of the float (``0.5``, ``1.0``, ``81.92``), which is also
+    how prometheus_client renders them, and ``+Inf`` for infinity. Alert rules and dashboards
+    compare ``le`` strings produced by this function.
+    """
+    if math.isinf(bound):
+        return "+Inf" if bound > 0 else "-Inf"
+    return repr(float(bound))
+
+
+def format_value(value: float) -> str:
+    """Render a sample value in the text exposition format."""
+    if value != value:  # NaN
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    return repr(float(value))
+
+
+@dataclass(frozen=True, eq=False)
+class MetricSpec:
+    """One canonical metric family (compared by identity: each is a singleton defined here)."""
+
+    key: str
+    """Short stable identifier used in configuration (e.g. SLO indicators): ``time_to_first_token``."""
+    name: str
+    """Exposition name (with ``_total`` for counters)."""
+    kind: Kind
+    unit: str
+    help: str
+    labels: tuple[str, ...] = ()
+    """Labels beyond the common ``engine``/``model``/``dp_rank``."""
+    otel_name: str | None = None
+    buckets: tuple[float, ...] = ()
+    aggregation: Aggregation = Aggregation.SUM
+    health: bool = False
+    """Exporter self-metric rather than an engine signal."""
+
+
+def _hist(key: str, name: str, unit: str, help_: str, buckets: tuple[float, ...],
+          otel: str | None = None) -> MetricSpec:  # fmt: skip
+    return MetricSpec(key, name, Kind.HISTOGRAM, unit, help_, otel_name=otel, buckets=buckets)
+
+
+# Canonical metric names, spelled once. (The drift test scans the rest of the tree for them.)
+TIME_TO_FIRST_TOKEN: Final = _hist(
+    "time_to_first_token", "llm_time_to_first_token_seconds", "seconds",
+    "Time from request arrival to the first output token, per request.",
+    BUCKETS_TTFT, "gen_ai.server.time_to_first_token",
+)  # fmt: skip
+TIME_PER_OUTPUT_TOKEN: Final = _hist(
+    "time_per_output_token", "llm_time_per_output_token_seconds", "seconds",
+    "Per request: (e2e - TTFT) / (output tokens - 1), the decode-phase time per output token.",
+    BUCKETS_TPOT, "gen_ai.server.time_per_output_token",
+)  # fmt: skip
+INTER_TOKEN_LATENCY: Final = _hist(
+    "inter_token_latency", "llm_inter_token_latency_seconds", "seconds",
+    "Time between consecutive outputs of a request, one observation per output.",
+    BUCKETS_TPOT,
+)  # fmt: skip
+REQUEST_DURATION: Final = _hist(
+    "request_duration", "llm_request_duration_seconds", "seconds",
+    "Server-side end-to-end time per finished request (arrival to last output).",
+    BUCKETS_REQUEST_DURATION, "gen_ai.server.request.duration",
+)  # fmt: skip
+REQUEST_QUEUE: Final = _hist(
+    "request_queue", "llm_request_queue_seconds", "seconds",
+    "Time a request waited in the engine's queue before it was first scheduled.",
+    BUCKETS_TTFT,
+)  # fmt: skip
+REQUEST_PREFILL: Final = _hist(
+    "request_prefill", "llm_request_prefill_seconds", "seconds",
+    "Time from first scheduling to the first output token (prefill phase).",
+    BUCKETS_TTFT,
+)  # fmt: skip
+REQUEST_DECODE: Final = _hist(
+    "request_decode", "llm_request_decode_seconds", "seconds",
+    "Time from the first to the last output token (decode phase).",
+    BUCKETS_REQUEST_DURATION,
+)  # fmt: skip
+REQUEST_PROMPT_TOKENS: Final = _hist(
+    "request_prompt_tokens", "llm_request_prompt_tokens", "tokens",
+    "Prompt (input) tokens per finished request.",
+    BUCKETS_TOKENS, "gen_ai.usage.input_tokens",
+)  # fmt: skip
+REQUEST_GENERATION_TOKENS: Final = _hist(
+    "request_generation_tokens", "llm_request_generation_tokens", "tokens",
+    "Generated (output) tokens per finished request.",
+    BUCKETS_TOKENS, "gen_ai.usage.output_tokens",
+)  # fmt: skip
+
+REQUESTS: Final = MetricSpec(
+    "requests", "llm_requests_total", Kind.COUNTER, "requests",
+    "Finished requests by outcome (stop, length, abort, error).", labels=(LABEL_OUTCOME,),
+)  # fmt: skip
+PROMPT_TOKENS: Final = MetricSpec(
+    "prompt_tokens", "llm_prompt_tokens_total", Kind.COUNTER, "tokens",
+    "Prompt (input) tokens processed.",
+)  # fmt: skip
+GENERATION_TOKENS: Final = MetricSpec(
+    "generation_tokens", "llm_generation_tokens_total", Kind.COUNTER, "tokens",
+    "Generated (output) tokens.",
+)  # fmt: skip
+PREEMPTIONS: Final = MetricSpec(
+    "preemptions", "llm_preemptions_total", Kind.COUNTER, "preemptions",
+    "Running sequences evicted from the batch (KV cache exhausted) and recomputed later.",
+)  # fmt: skip
+PREFIX_CACHE_QUERIED_TOKENS: Final = MetricSpec(
+    "prefix_cache_queried_tokens", "llm_prefix_cache_queried_tokens_total", Kind.COUNTER, "tokens",
+    "Prompt tokens looked up in the prefix cache.",
+)  # fmt: skip
+PREFIX_CACHE_HIT_TOKENS: Final = MetricSpec(
+    "prefix_cache_hit_tokens", "llm_prefix_cache_hit_tokens_total", Kind.COUNTER, "tokens",
+    "Prompt tokens found in the prefix cache (their prefill was skipped).",
+)  # fmt: skip
+SPEC_DECODE_DRAFT_TOKENS: Final = MetricSpec(
+    "spec_decode_draft_tokens", "llm_spec_decode_draft_tokens_total", Kind.COUNTER, "tokens",
+    "Draft tokens proposed by speculative decoding.",
+)  # fmt: skip
+SPEC_DECODE_ACCEPTED_TOKENS: Final = MetricSpec(
+    "spec_decode_accepted_tokens", "llm_spec_decode_accepted_tokens_total", Kind.COUNTER, "tokens",
+    "Draft tokens accepted by the target model.",
+)  # fmt: skip
+
+REQUESTS_RUNNING: Final = MetricSpec(
+    "requests_running", "llm_requests_running", Kind.GAUGE, "requests",
+    "Requests in the engine's running batch.",
+)  # fmt: skip
+REQUESTS_WAITING: Final = MetricSpec(
+    "requests_waiting", "llm_requests_waiting", Kind.GAUGE, "requests",
+    "Requests waiting to be scheduled.",
+)  # fmt: skip
+KV_CACHE_USAGE: Final = MetricSpec(
+    "kv_cache_usage", "llm_kv_cache_usage_ratio", Kind.GAUGE, "ratio",
+    "Fraction (0-1) of the KV cache in use.", aggregation=Aggregation.MAX,
+)  # fmt: skip
+KV_CACHE_CAPACITY: Final = MetricSpec(
+    "kv_cache_capacity", "llm_kv_cache_capacity_tokens", Kind.GAUGE, "tokens",
+    "KV cache capacity in tokens (blocks x block size).", aggregation=Aggregation.MAX,
+)  # fmt: skip
+ENGINE_INFO: Final = MetricSpec(
+    "engine_info", "llm_engine_info", Kind.GAUGE, "",
+    "Engine version and configuration facts as labels; value 1.", labels=INFO_LABELS,
+    aggregation=Aggregation.MAX,
+)  # fmt: skip
+
+EXPORTER_UP: Final = MetricSpec(
+    "exporter_up", "llm_exporter_up", Kind.GAUGE, "",
+    "1 when the last scrape of the engine succeeded, else 0.", labels=(LABEL_TARGET,), health=True,
+)  # fmt: skip
+EXPORTER_SCRAPE_DURATION: Final = MetricSpec(
+    "exporter_scrape_duration", "llm_exporter_scrape_duration_seconds", Kind.GAUGE, "seconds",
+    "Duration of the last scrape and translation of the engine's metrics.", labels=(LABEL_TARGET,),
+    health=True,
+)  # fmt: skip
+EXPORTER_UNMAPPED_FAMILIES: Final = MetricSpec(
+    "exporter_unmapped_families", "llm_exporter_unmapped_families", Kind.GAUGE, "families",
+    "Engine metric families in the last scrape that the exporter neither maps nor knowingly ignores "
+    "(a new or renamed engine metric).", labels=(LABEL_TARGET,), health=True,
+)  # fmt: skip
+EXPORTER_INEXACT_BUCKETS: Final = MetricSpec(
+    "exporter_inexact_buckets", "llm_exporter_inexact_buckets", Kind.GAUGE, "",
+    "1 when a canonical histogram's buckets could not all be taken exactly from the engine's "
+    "buckets (the count at the largest lower engine boundary was used), else 0.",
+    labels=(LABEL_TARGET, LABEL_METRIC), health=True,
+)  # fmt: skip
+
+CANONICAL_METRICS: Final[tuple[MetricSpec, ...]] = (
+    TIME_TO_FIRST_TOKEN,
+    TIME_PER_OUTPUT_TOKEN,
+    INTER_TOKEN_LATENCY,
+    REQUEST_DURATION,
+    REQUEST_QUEUE,
+    REQUEST_PREFILL,
+    REQUEST_DECODE,
+    REQUEST_PROMPT_TOKENS,
+    REQUEST_GENERATION_TOKENS,
+    REQUESTS,
+    PROMPT_TOKENS,
+    GENERATION_TOKENS,
+    PREEMPTIONS,
+    PREFIX_CACHE_QUERIED_TOKENS,
+    PREFIX_CACHE_HIT_TOKENS,
+    SPEC_DECODE_DRAFT_TOKENS,
+    SPEC_DECODE_ACCEPTED_TOKENS,
+    REQUESTS_RUNNING,
+    REQUESTS_WAITING,
+    KV_CACHE_USAGE,
+    KV_CACHE_CAPACITY,
+    ENGINE_INFO,
+)
+"""Engine signals, in rendering order."""
+
+HEALTH_METRICS: Final[tuple[MetricSpec, ...]] = (
+    EXPORTER_UP,
+    EXPORTER_SCRAPE_DURATION,
+    EXPORTER_UNMAPPED_FAMILIES,
+    EXPORTER_INEXACT_BUCKETS,
+)
+ALL_METRICS: Final[tuple[MetricSpec, ...]] = CANONICAL_METRICS + HEALTH_METRICS
+HISTOGRAMS: Final[tuple[MetricSpec, ...]] = tuple(m for m in CANONICAL_METRICS if m.kind is Kind.HISTOGRAM)
+LATENCY_HISTOGRAMS: Final[tuple[MetricSpec, ...]] = tuple(m for m in HISTOGRAMS if m.unit == "seconds")
+
+
+def metric_by_key(key: str) -> MetricSpec:
+    """Look a canonical metric up by its configuration key (``time_to_first_token``)."""
+    for spec in ALL_METRICS:
+        if spec.key == key:
+            return spec
+    known = ", ".join(s.key for s in ALL_METRICS)
+    raise KeyError(f"unknown canonical metric {key!r}; known: {known}")
+
+
+@dataclass(frozen=True)
+class Vocabulary:
+    """The canonical vocabulary as configured: extra bucket boundaries for SLO thresholds.
+
+    Pass an instance explicitly to whatever renders or checks canonical histograms; the default has
+    no extra boundaries.
+    """
+
+    extra_boundaries: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
+
+    def with_boundaries(self, metric: MetricSpec, bounds: Iterable[float]) -> Vocabulary:
+        """Return a vocabulary where ``metric``'s layout also contains ``bounds``."""
+        if metric.kind is not Kind.HISTOGRAM:
+            raise ValueError(f"{metric.key} is not a histogram; it has no buckets")
+        merged = dict(self.extra_boundaries)
+        clean = []
+        for b in bounds:
+            fb = float(b)
+            if not math.isfinite(fb) or fb <= 0:
+                raise ValueError(f"bucket boundary for {metric.key} must be a positive number, got {b!r}")
+            clean.append(fb)
+        merged[metric.key] = tuple(sorted(set(merged.get(metric.key, ())) | set(clean)))
+        return Vocabulary(merged)
+
+    def buckets(self, metric: MetricSpec) -> tuple[float, ...]:
+        """The canonical finite boundaries of ``metric`` (``+Inf`` is implied)."""
+        extra = self.extra_boundaries.get(metric.key, ())
+        if not extra:
+            return metric.buckets
+        return tuple(sorted(set(metric.buckets) | set(extra)))
+
+    def le_strings(self, metric: MetricSpec) -> tuple[str, ...]:
+        """The ``le`` label values of ``metric`` in order, ``+Inf`` last."""
+        return (*(format_le(b) for b in self.buckets(metric)), "+Inf")

@@ -1,0 +1,87 @@
+"""The one-vocabulary rule: canonical names are spelled only in inferwatch/vocabulary.py, and raw
+engine metric names only in their engine's module."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from exporters.engines import EngineRegistry
+from exporters.mapping import EngineAdapter
+from inferwatch import vocabulary as V
+
+from .conftest import ROOT
+
+VOCABULARY_FILE = ROOT / "inferwatch" / "vocabulary.py"
+EXCLUDED_DIRS = {".venv", ".git", "fixtures", "__pycache__", "build", ".mypy_cache", ".ruff_cache"}
+TOKEN = re.compile(r"(?<![\w:])llm_[a-z0-9_]+")
+VLLM_RAW = re.compile(r"vllm:[a-z]")
+
+
+def python_files() -> list[Path]:
+    return [
+        p for p in ROOT.rglob("*.py")
+        if not EXCLUDED_DIRS & set(p.relative_to(ROOT).parts) and not p.name.endswith(".egg-info")
+    ]  # fmt: skip
+
+
+def canonical_tokens() -> set[str]:
+    names = set()
+    for spec in V.ALL_METRICS:
+        names.add(spec.name)
+        base = spec.name.removesuffix("_total")
+        names.add(base)
+        names.update(f"{spec.name}{s}" for s in ("_bucket", "_sum", "_count"))
+    return names
+
+
+def test_canonical_names_spelled_once() -> None:
+    names = canonical_tokens()
+    offenders = []
+    for path in python_files():
+        if path == VOCABULARY_FILE:
+            continue
+        for lineno, line in enumerate(path.read_text().splitlines(), 1):
+            for tok in TOKEN.findall(line):
+                if tok in names:
+                    offenders.append(f"{path.relative_to(ROOT)}:{lineno}: {tok}")
+    assert not offenders, "canonical names spelled outside inferwatch/vocabulary.py:\n" + "\n".join(offenders)
+
+
+def raw_names(adapter: EngineAdapter) -> set[str]:
+    names = set(adapter.extra_samples) | set(adapter.ignored)
+    for row in (*adapter.rows, *adapter.hook_rows):
+        names.update(row.sources)
+    return {n for n in names if len(n) > 6}
+
+
+def allowed(path: Path, engine: str) -> bool:
+    parts = path.relative_to(ROOT).parts
+    return path.stem == engine and len(parts) >= 2 and parts[-2] in ("engines", "simulator", "simulators")
+
+
+def test_raw_engine_names_stay_in_their_module(registry: EngineRegistry) -> None:
+    patterns = {
+        a.name: re.compile(r"(?<![\w:])(" + "|".join(re.escape(n) for n in sorted(raw_names(a))) + r")(?![\w])")
+        for a in registry
+    }
+    offenders = []
+    for path in python_files():
+        text = path.read_text()
+        for engine, pattern in patterns.items():
+            if allowed(path, engine):
+                continue
+            for m in pattern.finditer(text):
+                lineno = text.count("\n", 0, m.start()) + 1
+                offenders.append(f"{path.relative_to(ROOT)}:{lineno}: {engine} name {m.group(1)}")
+        if not allowed(path, V.ENGINE_VLLM):
+            for m in VLLM_RAW.finditer(text):
+                lineno = text.count("\n", 0, m.start()) + 1
+                offenders.append(f"{path.relative_to(ROOT)}:{lineno}: raw vLLM name")
+    assert not offenders, "raw engine names outside their engine module:\n" + "\n".join(offenders)
+
+
+def test_drift_check_catches_a_stray_name(tmp_path: Path) -> None:
+    """The scanner itself works: a canonical name in a string literal is found."""
+    stray = 'QUERY = "rate(' + V.PROMPT_TOKENS.name + '[5m])"\n'
+    assert any(t in canonical_tokens() for t in TOKEN.findall(stray))

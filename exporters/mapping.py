@@ -189,9 +189,13 @@ Accept = Callable[[Labels], bool]
 
 
 def translate_rows(
-    adapter: EngineAdapter, rows: Iterable[Row], parsed: ParsedText, ctx: TranslateContext, snap: Snapshot,
+    adapter: EngineAdapter,
+    rows: Iterable[Row],
+    parsed: ParsedText,
+    ctx: TranslateContext,
+    snap: Snapshot,
     accept: Accept | None = None,
-) -> None:  # fmt: skip
+) -> None:
     """Apply ``rows`` to ``parsed`` into ``snap``; ``accept`` filters source label sets."""
     vocab = ctx.vocabulary
     for row in rows:
@@ -230,25 +234,32 @@ def translate_parsed(adapter: EngineAdapter, parsed: ParsedText, ctx: TranslateC
 
 
 def _translate_histogram(
-    adapter: EngineAdapter, row: Row, parsed: ParsedText, ctx: TranslateContext, snap: Snapshot,
-    vocab: V.Vocabulary, accept: Accept | None,
-) -> None:  # fmt: skip
+    adapter: EngineAdapter,
+    row: Row,
+    parsed: ParsedText,
+    ctx: TranslateContext,
+    snap: Snapshot,
+    vocab: V.Vocabulary,
+    accept: Accept | None,
+) -> None:
     bounds = vocab.buckets(row.metric)
     if row.sum_only:
         sum_name, count_name = row.sources
-        sums = parsed.samples.get(sum_name)
-        counts = parsed.samples.get(count_name)
-        if not sums or not counts:
+        sum_samples = parsed.samples.get(sum_name)
+        count_samples = parsed.samples.get(count_name)
+        if not sum_samples or not count_samples:
             return
-        count_by = {_norm(lbl): v for lbl, v in counts}
-        for labels, total in sums:
+        count_by = {_norm(lbl): v for lbl, v in count_samples}
+        for labels, total in sum_samples:
             if accept is not None and not accept(labels):
                 continue
             n = count_by.get(_norm(labels))
             mapped = _map_labels(row, labels)
             if n is None or mapped is None:
                 continue
-            snap.add_histogram(row.metric, ctx.key(mapped), HistogramValue(bounds, None, n, total / row.divisor))
+            snap.add_histogram(
+                row.metric, ctx.key(mapped), HistogramValue(bounds, None, n, total / row.divisor)
+            )
             snap.inexact.add(row.metric)
         _note(snap, row)
         return

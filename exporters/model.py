@@ -37,9 +37,7 @@ class HistogramValue:
         self.total += other.total
 
 
-def rebucket(
-    source: Sequence[tuple[float, float]], canonical: Sequence[float]
-) -> tuple[list[float], bool]:
+def rebucket(source: Sequence[tuple[float, float]], canonical: Sequence[float]) -> tuple[list[float], bool]:
     """Map cumulative source buckets onto canonical boundaries.
 
     ``source`` holds ``(upper_bound, cumulative_count)`` for the finite source buckets, sorted by

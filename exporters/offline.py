@@ -52,8 +52,9 @@ def load_fixture_meta(directory: Path) -> dict[str, Any]:
     return meta
 
 
-def fixture_context(directory: Path, meta: dict[str, Any], adapter: EngineAdapter,
-                    vocabulary: V.Vocabulary) -> TranslateContext:  # fmt: skip
+def fixture_context(
+    directory: Path, meta: dict[str, Any], adapter: EngineAdapter, vocabulary: V.Vocabulary
+) -> TranslateContext:
     ctx = TranslateContext(engine=adapter.name, vocabulary=vocabulary, model_override=meta.get("model"))
     if meta.get("info") and adapter.parse_info is not None:
         ctx.facts = adapter.parse_info(json.loads((directory / str(meta["info"])).read_text()))
@@ -67,8 +68,13 @@ def fixture_payloads(meta: dict[str, Any]) -> list[str]:
     return [str(p) for p in payloads]
 
 
-def translate_fixture(directory: Path, payload: str, registry: EngineRegistry, vocabulary: V.Vocabulary,
-                      duration: float | None = 0.0) -> str:  # fmt: skip
+def translate_fixture(
+    directory: Path,
+    payload: str,
+    registry: EngineRegistry,
+    vocabulary: V.Vocabulary,
+    duration: float | None = 0.0,
+) -> str:
     """Canonical exposition of one fixture payload; ``duration`` fixed so that output is stable."""
     meta = load_fixture_meta(directory)
     text = (directory / payload).read_text()

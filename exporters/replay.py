@@ -24,6 +24,8 @@ class ReplayServer:
 
     routes: Mapping[str, tuple[str, bytes]]
     host: str = "127.0.0.1"
+    port: int = 0
+    url: str = ""
     _server: ThreadingHTTPServer | None = None
     _thread: threading.Thread | None = None
     hits: dict[str, int] = field(default_factory=dict)
@@ -49,11 +51,12 @@ class ReplayServer:
             def log_message(self, format: str, *args: object) -> None:
                 return
 
-        self._server = ThreadingHTTPServer((self.host, 0), Handler)
+        self._server = ThreadingHTTPServer((self.host, self.port), Handler)
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, name="replay", daemon=True)
         self._thread.start()
-        return f"http://{self.host}:{self._server.server_address[1]}"
+        self.url = f"http://{self.host}:{self._server.server_address[1]}"
+        return self.url
 
     def stop(self) -> None:
         if self._server is not None:

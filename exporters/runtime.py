@@ -49,9 +49,14 @@ def _split(url: str) -> tuple[str, str]:
 
 
 def health_snapshot(
-    target: str, engine: str, extra: dict[str, str], up: bool, duration: float,
-    unmapped: int | None = None, histograms: dict[V.MetricSpec, bool] | None = None,
-) -> Snapshot:  # fmt: skip
+    target: str,
+    engine: str,
+    extra: dict[str, str],
+    up: bool,
+    duration: float,
+    unmapped: int | None = None,
+    histograms: dict[V.MetricSpec, bool] | None = None,
+) -> Snapshot:
     """The exporter-health series of one target."""
     snap = Snapshot()
     base = {V.LABEL_ENGINE: engine, V.LABEL_TARGET: target}
@@ -61,8 +66,11 @@ def health_snapshot(
     if unmapped is not None:
         snap.set_value(V.EXPORTER_UNMAPPED_FAMILIES, key, float(unmapped))
     for spec, inexact in (histograms or {}).items():
-        snap.set_value(V.EXPORTER_INEXACT_BUCKETS, series_key({**base, V.LABEL_METRIC: spec.name}, extra),
-                       1.0 if inexact else 0.0)  # fmt: skip
+        snap.set_value(
+            V.EXPORTER_INEXACT_BUCKETS,
+            series_key({**base, V.LABEL_METRIC: spec.name}, extra),
+            1.0 if inexact else 0.0,
+        )
     return snap
 
 
@@ -200,19 +208,23 @@ class TargetScraper:
                 if adapter is None:
                     # Reachable, but nothing tells which engine (e.g. an empty body): up, no series.
                     self._state_ok()
-                    return health_snapshot(self.target.label, V.UNKNOWN, self.target.labels, True,
-                                           self.clock() - start, 0)  # fmt: skip
+                    return health_snapshot(
+                        self.target.label, V.UNKNOWN, self.target.labels, True, self.clock() - start, 0
+                    )
                 self._refresh_facts(adapter)
                 ctx = self._context(adapter)
                 snap = translate_text(adapter, body, ctx)
             except (ScrapeError, ParseError) as exc:
                 self._state_error(str(exc))
-                return health_snapshot(self.target.label, self.engine_label, self.target.labels, False,
-                                       self.clock() - start)  # fmt: skip
+                return health_snapshot(
+                    self.target.label, self.engine_label, self.target.labels, False, self.clock() - start
+                )
             self._state_ok()
             if snap.unmapped:
                 log.debug("target %s: unmapped families: %s", self.target.label, ", ".join(snap.unmapped))
-            return with_health(snap, self.target.label, adapter.name, self.target.labels, self.clock() - start)
+            return with_health(
+                snap, self.target.label, adapter.name, self.target.labels, self.clock() - start
+            )
 
     def _context(self, adapter: EngineAdapter) -> TranslateContext:
         options: dict[str, Any] = {}

@@ -71,8 +71,13 @@ def version() -> None:
 
 @exporter_app.command("translate")
 def translate(
-    file: Annotated[str, typer.Argument(help="A captured engine payload (/metrics text or trtllm-serve JSON); - for stdin.")],
-    engine: Annotated[EngineChoice, typer.Option(help="Engine that produced the payload; auto detects it.")] = "auto",
+    file: Annotated[
+        str,
+        typer.Argument(help="A captured engine payload (/metrics text or trtllm-serve JSON); - for stdin."),
+    ],
+    engine: Annotated[
+        EngineChoice, typer.Option(help="Engine that produced the payload; auto detects it.")
+    ] = "auto",
     model: Annotated[str | None, typer.Option(help="Override the model label.")] = None,
     info: Annotated[
         Path | None,
@@ -81,8 +86,12 @@ def translate(
     max_batch_total_tokens: Annotated[
         int | None, typer.Option(help="TGI: KV-cache capacity in tokens, to derive the KV usage ratio.")
     ] = None,
-    label: Annotated[list[str] | None, typer.Option(help="Extra label NAME=VALUE on every series (repeatable).")] = None,
-    explain: Annotated[bool, typer.Option(help="Also list unmapped families and inexact buckets on stderr.")] = False,
+    label: Annotated[
+        list[str] | None, typer.Option(help="Extra label NAME=VALUE on every series (repeatable).")
+    ] = None,
+    explain: Annotated[
+        bool, typer.Option(help="Also list unmapped families and inexact buckets on stderr.")
+    ] = False,
 ) -> None:
     """Print the canonical exposition for one captured payload (a debugging tool).
 
@@ -105,8 +114,12 @@ def translate(
         adapter = resolve_adapter(registry, text, engine)
     except UndetectableEngine as exc:
         raise _fail(f"{file}: {exc}") from None
-    ctx = TranslateContext(engine=adapter.name, vocabulary=settings.vocabulary(), model_override=model,
-                           extra_labels=_parse_labels(label))  # fmt: skip
+    ctx = TranslateContext(
+        engine=adapter.name,
+        vocabulary=settings.vocabulary(),
+        model_override=model,
+        extra_labels=_parse_labels(label),
+    )
     if info is not None and adapter.parse_info is not None:
         try:
             ctx.facts = adapter.parse_info(json.loads(info.read_text()))
@@ -129,9 +142,14 @@ def translate(
 
 
 def _serve_config(
-    config: Path | None, target: list[str] | None, engine: EngineChoice, listen: str | None, model: str | None,
-    max_batch_total_tokens: int | None, timeout: float,
-) -> ExporterConfig:  # fmt: skip
+    config: Path | None,
+    target: list[str] | None,
+    engine: EngineChoice,
+    listen: str | None,
+    model: str | None,
+    max_batch_total_tokens: int | None,
+    timeout: float,
+) -> ExporterConfig:
     try:
         if config is not None:
             cfg = load_exporter_config(config)
@@ -139,8 +157,13 @@ def _serve_config(
         if not target:
             raise _fail("give --target URL (repeatable) or --config FILE")
         targets = [
-            TargetConfig(url=url, engine=engine, model=model, timeout_seconds=timeout,
-                         max_batch_total_tokens=max_batch_total_tokens)  # fmt: skip
+            TargetConfig(
+                url=url,
+                engine=engine,
+                model=model,
+                timeout_seconds=timeout,
+                max_batch_total_tokens=max_batch_total_tokens,
+            )
             for url in target
         ]
         return ExporterConfig(listen=listen or "127.0.0.1:9400", targets=targets)
@@ -156,14 +179,20 @@ def serve(
         list[str] | None,
         typer.Option(help="Engine URL: base (http://host:8000) or full metrics URL. Repeatable."),
     ] = None,
-    engine: Annotated[EngineChoice, typer.Option(help="Engine of the --target(s); auto detects it.")] = "auto",
-    listen: Annotated[str | None, typer.Option(help="HOST:PORT to serve /metrics on [default 127.0.0.1:9400].")] = None,
+    engine: Annotated[
+        EngineChoice, typer.Option(help="Engine of the --target(s); auto detects it.")
+    ] = "auto",
+    listen: Annotated[
+        str | None, typer.Option(help="HOST:PORT to serve /metrics on [default 127.0.0.1:9400].")
+    ] = None,
     config: Annotated[
         Path | None,
         typer.Option(help="YAML file listing several targets (url, engine, name, model, labels, ...)."),
     ] = None,
     model: Annotated[str | None, typer.Option(help="Override the model label (TGI, Triton).")] = None,
-    max_batch_total_tokens: Annotated[int | None, typer.Option(help="TGI: KV-cache capacity in tokens.")] = None,
+    max_batch_total_tokens: Annotated[
+        int | None, typer.Option(help="TGI: KV-cache capacity in tokens.")
+    ] = None,
     timeout: Annotated[float, typer.Option(help="Seconds to wait for the engine on each scrape.")] = 5.0,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
 ) -> None:
@@ -183,8 +212,10 @@ def serve(
         host, port = exporter.start()
     except OSError as exc:
         raise _fail(f"cannot listen on {cfg.listen}: {exc.strerror}") from None
-    err.print(f"inferwatch exporter serving http://{host}:{port}/metrics for "
-              f"{', '.join(t.label for t in cfg.targets)}")  # fmt: skip
+    err.print(
+        f"inferwatch exporter serving http://{host}:{port}/metrics for "
+        f"{', '.join(t.label for t in cfg.targets)}"
+    )
     stop = threading.Event()
 
     def _handle(signum: int, frame: Any) -> None:
@@ -199,7 +230,9 @@ def serve(
 
 @app.command()
 def demo(
-    fixtures: Annotated[Path, typer.Option(help="Engine fixture directory.")] = Path("tests/fixtures/engines"),
+    fixtures: Annotated[Path, typer.Option(help="Engine fixture directory.")] = Path(
+        "tests/fixtures/engines"
+    ),
 ) -> None:
     """Run the exporter against captured engine payloads (no Docker, nothing to install).
 

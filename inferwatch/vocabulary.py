@@ -91,18 +91,46 @@ FALSE: Final = "false"
 # --- bucket layouts --------------------------------------------------------------------------
 # OpenTelemetry GenAI advice for gen_ai.server.time_to_first_token.
 BUCKETS_TTFT: Final[tuple[float, ...]] = (
-    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
-)  # fmt: skip
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+)
 # OpenTelemetry GenAI advice for gen_ai.server.time_per_output_token.
 BUCKETS_TPOT: Final[tuple[float, ...]] = (
-    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
-)  # fmt: skip
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+)
 # OpenTelemetry GenAI advice for gen_ai.server.request.duration: 0.01 doubling to 81.92.
 BUCKETS_REQUEST_DURATION: Final[tuple[float, ...]] = tuple(0.01 * 2**i for i in range(14))
 # Token counts: the 1-2-5 series (vLLM's own token layout is a prefix of it, so it maps exactly).
-BUCKETS_TOKENS: Final[tuple[float, ...]] = tuple(
-    float(m * 10**e) for e in range(6) for m in (1, 2, 5)
-) + (1_000_000.0,)
+BUCKETS_TOKENS: Final[tuple[float, ...]] = (
+    *(float(m * 10**e) for e in range(6) for m in (1, 2, 5)),
+    1_000_000.0,
+)
 
 
 def format_le(bound: float) -> str:
@@ -146,133 +174,218 @@ class MetricSpec:
     """Exporter self-metric rather than an engine signal."""
 
 
-def _hist(key: str, name: str, unit: str, help_: str, buckets: tuple[float, ...],
-          otel: str | None = None) -> MetricSpec:  # fmt: skip
+def _hist(
+    key: str, name: str, unit: str, help_: str, buckets: tuple[float, ...], otel: str | None = None
+) -> MetricSpec:
     return MetricSpec(key, name, Kind.HISTOGRAM, unit, help_, otel_name=otel, buckets=buckets)
 
 
 # Canonical metric names, spelled once. (The drift test scans the rest of the tree for them.)
 TIME_TO_FIRST_TOKEN: Final = _hist(
-    "time_to_first_token", "llm_time_to_first_token_seconds", "seconds",
+    "time_to_first_token",
+    "llm_time_to_first_token_seconds",
+    "seconds",
     "Time from request arrival to the first output token, per request.",
-    BUCKETS_TTFT, "gen_ai.server.time_to_first_token",
-)  # fmt: skip
+    BUCKETS_TTFT,
+    "gen_ai.server.time_to_first_token",
+)
 TIME_PER_OUTPUT_TOKEN: Final = _hist(
-    "time_per_output_token", "llm_time_per_output_token_seconds", "seconds",
+    "time_per_output_token",
+    "llm_time_per_output_token_seconds",
+    "seconds",
     "Per request: (e2e - TTFT) / (output tokens - 1), the decode-phase time per output token.",
-    BUCKETS_TPOT, "gen_ai.server.time_per_output_token",
-)  # fmt: skip
+    BUCKETS_TPOT,
+    "gen_ai.server.time_per_output_token",
+)
 INTER_TOKEN_LATENCY: Final = _hist(
-    "inter_token_latency", "llm_inter_token_latency_seconds", "seconds",
+    "inter_token_latency",
+    "llm_inter_token_latency_seconds",
+    "seconds",
     "Time between consecutive outputs of a request, one observation per output.",
     BUCKETS_TPOT,
-)  # fmt: skip
+)
 REQUEST_DURATION: Final = _hist(
-    "request_duration", "llm_request_duration_seconds", "seconds",
+    "request_duration",
+    "llm_request_duration_seconds",
+    "seconds",
     "Server-side end-to-end time per finished request (arrival to last output).",
-    BUCKETS_REQUEST_DURATION, "gen_ai.server.request.duration",
-)  # fmt: skip
+    BUCKETS_REQUEST_DURATION,
+    "gen_ai.server.request.duration",
+)
 REQUEST_QUEUE: Final = _hist(
-    "request_queue", "llm_request_queue_seconds", "seconds",
+    "request_queue",
+    "llm_request_queue_seconds",
+    "seconds",
     "Time a request waited in the engine's queue before it was first scheduled.",
     BUCKETS_TTFT,
-)  # fmt: skip
+)
 REQUEST_PREFILL: Final = _hist(
-    "request_prefill", "llm_request_prefill_seconds", "seconds",
+    "request_prefill",
+    "llm_request_prefill_seconds",
+    "seconds",
     "Time from first scheduling to the first output token (prefill phase).",
     BUCKETS_TTFT,
-)  # fmt: skip
+)
 REQUEST_DECODE: Final = _hist(
-    "request_decode", "llm_request_decode_seconds", "seconds",
+    "request_decode",
+    "llm_request_decode_seconds",
+    "seconds",
     "Time from the first to the last output token (decode phase).",
     BUCKETS_REQUEST_DURATION,
-)  # fmt: skip
+)
 REQUEST_PROMPT_TOKENS: Final = _hist(
-    "request_prompt_tokens", "llm_request_prompt_tokens", "tokens",
+    "request_prompt_tokens",
+    "llm_request_prompt_tokens",
+    "tokens",
     "Prompt (input) tokens per finished request.",
-    BUCKETS_TOKENS, "gen_ai.usage.input_tokens",
-)  # fmt: skip
+    BUCKETS_TOKENS,
+    "gen_ai.usage.input_tokens",
+)
 REQUEST_GENERATION_TOKENS: Final = _hist(
-    "request_generation_tokens", "llm_request_generation_tokens", "tokens",
+    "request_generation_tokens",
+    "llm_request_generation_tokens",
+    "tokens",
     "Generated (output) tokens per finished request.",
-    BUCKETS_TOKENS, "gen_ai.usage.output_tokens",
-)  # fmt: skip
+    BUCKETS_TOKENS,
+    "gen_ai.usage.output_tokens",
+)
 
 REQUESTS: Final = MetricSpec(
-    "requests", "llm_requests_total", Kind.COUNTER, "requests",
-    "Finished requests by outcome (stop, length, abort, error).", labels=(LABEL_OUTCOME,),
-)  # fmt: skip
+    "requests",
+    "llm_requests_total",
+    Kind.COUNTER,
+    "requests",
+    "Finished requests by outcome (stop, length, abort, error).",
+    labels=(LABEL_OUTCOME,),
+)
 PROMPT_TOKENS: Final = MetricSpec(
-    "prompt_tokens", "llm_prompt_tokens_total", Kind.COUNTER, "tokens",
+    "prompt_tokens",
+    "llm_prompt_tokens_total",
+    Kind.COUNTER,
+    "tokens",
     "Prompt (input) tokens processed.",
-)  # fmt: skip
+)
 GENERATION_TOKENS: Final = MetricSpec(
-    "generation_tokens", "llm_generation_tokens_total", Kind.COUNTER, "tokens",
+    "generation_tokens",
+    "llm_generation_tokens_total",
+    Kind.COUNTER,
+    "tokens",
     "Generated (output) tokens.",
-)  # fmt: skip
+)
 PREEMPTIONS: Final = MetricSpec(
-    "preemptions", "llm_preemptions_total", Kind.COUNTER, "preemptions",
+    "preemptions",
+    "llm_preemptions_total",
+    Kind.COUNTER,
+    "preemptions",
     "Running sequences evicted from the batch (KV cache exhausted) and recomputed later.",
-)  # fmt: skip
+)
 PREFIX_CACHE_QUERIED_TOKENS: Final = MetricSpec(
-    "prefix_cache_queried_tokens", "llm_prefix_cache_queried_tokens_total", Kind.COUNTER, "tokens",
+    "prefix_cache_queried_tokens",
+    "llm_prefix_cache_queried_tokens_total",
+    Kind.COUNTER,
+    "tokens",
     "Prompt tokens looked up in the prefix cache.",
-)  # fmt: skip
+)
 PREFIX_CACHE_HIT_TOKENS: Final = MetricSpec(
-    "prefix_cache_hit_tokens", "llm_prefix_cache_hit_tokens_total", Kind.COUNTER, "tokens",
+    "prefix_cache_hit_tokens",
+    "llm_prefix_cache_hit_tokens_total",
+    Kind.COUNTER,
+    "tokens",
     "Prompt tokens found in the prefix cache (their prefill was skipped).",
-)  # fmt: skip
+)
 SPEC_DECODE_DRAFT_TOKENS: Final = MetricSpec(
-    "spec_decode_draft_tokens", "llm_spec_decode_draft_tokens_total", Kind.COUNTER, "tokens",
+    "spec_decode_draft_tokens",
+    "llm_spec_decode_draft_tokens_total",
+    Kind.COUNTER,
+    "tokens",
     "Draft tokens proposed by speculative decoding.",
-)  # fmt: skip
+)
 SPEC_DECODE_ACCEPTED_TOKENS: Final = MetricSpec(
-    "spec_decode_accepted_tokens", "llm_spec_decode_accepted_tokens_total", Kind.COUNTER, "tokens",
+    "spec_decode_accepted_tokens",
+    "llm_spec_decode_accepted_tokens_total",
+    Kind.COUNTER,
+    "tokens",
     "Draft tokens accepted by the target model.",
-)  # fmt: skip
+)
 
 REQUESTS_RUNNING: Final = MetricSpec(
-    "requests_running", "llm_requests_running", Kind.GAUGE, "requests",
+    "requests_running",
+    "llm_requests_running",
+    Kind.GAUGE,
+    "requests",
     "Requests in the engine's running batch.",
-)  # fmt: skip
+)
 REQUESTS_WAITING: Final = MetricSpec(
-    "requests_waiting", "llm_requests_waiting", Kind.GAUGE, "requests",
+    "requests_waiting",
+    "llm_requests_waiting",
+    Kind.GAUGE,
+    "requests",
     "Requests waiting to be scheduled.",
-)  # fmt: skip
+)
 KV_CACHE_USAGE: Final = MetricSpec(
-    "kv_cache_usage", "llm_kv_cache_usage_ratio", Kind.GAUGE, "ratio",
-    "Fraction (0-1) of the KV cache in use.", aggregation=Aggregation.MAX,
-)  # fmt: skip
-KV_CACHE_CAPACITY: Final = MetricSpec(
-    "kv_cache_capacity", "llm_kv_cache_capacity_tokens", Kind.GAUGE, "tokens",
-    "KV cache capacity in tokens (blocks x block size).", aggregation=Aggregation.MAX,
-)  # fmt: skip
-ENGINE_INFO: Final = MetricSpec(
-    "engine_info", "llm_engine_info", Kind.GAUGE, "",
-    "Engine version and configuration facts as labels; value 1.", labels=INFO_LABELS,
+    "kv_cache_usage",
+    "llm_kv_cache_usage_ratio",
+    Kind.GAUGE,
+    "ratio",
+    "Fraction (0-1) of the KV cache in use.",
     aggregation=Aggregation.MAX,
-)  # fmt: skip
+)
+KV_CACHE_CAPACITY: Final = MetricSpec(
+    "kv_cache_capacity",
+    "llm_kv_cache_capacity_tokens",
+    Kind.GAUGE,
+    "tokens",
+    "KV cache capacity in tokens (blocks x block size).",
+    aggregation=Aggregation.MAX,
+)
+ENGINE_INFO: Final = MetricSpec(
+    "engine_info",
+    "llm_engine_info",
+    Kind.GAUGE,
+    "",
+    "Engine version and configuration facts as labels; value 1.",
+    labels=INFO_LABELS,
+    aggregation=Aggregation.MAX,
+)
 
 EXPORTER_UP: Final = MetricSpec(
-    "exporter_up", "llm_exporter_up", Kind.GAUGE, "",
-    "1 when the last scrape of the engine succeeded, else 0.", labels=(LABEL_TARGET,), health=True,
-)  # fmt: skip
-EXPORTER_SCRAPE_DURATION: Final = MetricSpec(
-    "exporter_scrape_duration", "llm_exporter_scrape_duration_seconds", Kind.GAUGE, "seconds",
-    "Duration of the last scrape and translation of the engine's metrics.", labels=(LABEL_TARGET,),
+    "exporter_up",
+    "llm_exporter_up",
+    Kind.GAUGE,
+    "",
+    "1 when the last scrape of the engine succeeded, else 0.",
+    labels=(LABEL_TARGET,),
     health=True,
-)  # fmt: skip
+)
+EXPORTER_SCRAPE_DURATION: Final = MetricSpec(
+    "exporter_scrape_duration",
+    "llm_exporter_scrape_duration_seconds",
+    Kind.GAUGE,
+    "seconds",
+    "Duration of the last scrape and translation of the engine's metrics.",
+    labels=(LABEL_TARGET,),
+    health=True,
+)
 EXPORTER_UNMAPPED_FAMILIES: Final = MetricSpec(
-    "exporter_unmapped_families", "llm_exporter_unmapped_families", Kind.GAUGE, "families",
+    "exporter_unmapped_families",
+    "llm_exporter_unmapped_families",
+    Kind.GAUGE,
+    "families",
     "Engine metric families in the last scrape that the exporter neither maps nor knowingly ignores "
-    "(a new or renamed engine metric).", labels=(LABEL_TARGET,), health=True,
-)  # fmt: skip
+    "(a new or renamed engine metric).",
+    labels=(LABEL_TARGET,),
+    health=True,
+)
 EXPORTER_INEXACT_BUCKETS: Final = MetricSpec(
-    "exporter_inexact_buckets", "llm_exporter_inexact_buckets", Kind.GAUGE, "",
+    "exporter_inexact_buckets",
+    "llm_exporter_inexact_buckets",
+    Kind.GAUGE,
+    "",
     "1 when a canonical histogram's buckets could not all be taken exactly from the engine's "
     "buckets (the count at the largest lower engine boundary was used), else 0.",
-    labels=(LABEL_TARGET, LABEL_METRIC), health=True,
-)  # fmt: skip
+    labels=(LABEL_TARGET, LABEL_METRIC),
+    health=True,
+)
 
 CANONICAL_METRICS: Final[tuple[MetricSpec, ...]] = (
     TIME_TO_FIRST_TOKEN,

@@ -20,9 +20,10 @@ VLLM_RAW = re.compile(r"vllm:[a-z]")
 
 def python_files() -> list[Path]:
     return [
-        p for p in ROOT.rglob("*.py")
+        p
+        for p in ROOT.rglob("*.py")
         if not EXCLUDED_DIRS & set(p.relative_to(ROOT).parts) and not p.name.endswith(".egg-info")
-    ]  # fmt: skip
+    ]
 
 
 def canonical_tokens() -> set[str]:
@@ -62,7 +63,9 @@ def allowed(path: Path, engine: str) -> bool:
 
 def test_raw_engine_names_stay_in_their_module(registry: EngineRegistry) -> None:
     patterns = {
-        a.name: re.compile(r"(?<![\w:])(" + "|".join(re.escape(n) for n in sorted(raw_names(a))) + r")(?![\w])")
+        a.name: re.compile(
+            r"(?<![\w:])(" + "|".join(re.escape(n) for n in sorted(raw_names(a))) + r")(?![\w])"
+        )
         for a in registry
     }
     offenders = []

@@ -19,8 +19,13 @@ REAL = ENGINE_FIXTURES / "vllm" / "0.32.0-cpu"
 FACTS = yaml.safe_load((REAL / "fixture.yaml").read_text())["facts"]
 
 
-def translate(path: Path, **ctx_args: object) -> Snapshot:
-    return translate_text(vllm_engine.ADAPTER, path.read_text(), TranslateContext(engine=V.ENGINE_VLLM, **ctx_args))  # type: ignore[arg-type]
+def translate(
+    path: Path, model_override: str | None = None, extra_labels: dict[str, str] | None = None
+) -> Snapshot:
+    ctx = TranslateContext(
+        engine=V.ENGINE_VLLM, model_override=model_override, extra_labels=extra_labels or {}
+    )
+    return translate_text(vllm_engine.ADAPTER, path.read_text(), ctx)
 
 
 def source_value(path: Path, name: str, suffix: str = "") -> float:
@@ -59,8 +64,13 @@ def test_outcomes_and_ttft_count() -> None:
 
 
 def test_repetition_is_a_stop() -> None:
-    text = (REAL / "metrics-final.txt").read_text().replace(
-        'finished_reason="repetition",model_name="tiny-llama"} 0.0', 'finished_reason="repetition",model_name="tiny-llama"} 3.0'
+    text = (
+        (REAL / "metrics-final.txt")
+        .read_text()
+        .replace(
+            'finished_reason="repetition",model_name="tiny-llama"} 0.0',
+            'finished_reason="repetition",model_name="tiny-llama"} 3.0',
+        )
     )
     snap = translate_text(vllm_engine.ADAPTER, text, TranslateContext(engine=V.ENGINE_VLLM))
     assert snap.value(V.REQUESTS, outcome=V.OUTCOME_STOP) == FACTS["final"]["outcome_stop"] + 3

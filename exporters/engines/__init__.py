@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from ..mapping import EngineAdapter
+from exporters.mapping import EngineAdapter
+
 from . import tgi, triton, trtllm, vllm
 
 
@@ -31,7 +32,7 @@ class EngineRegistry:
     def names(self) -> list[str]:
         return list(self.adapters)
 
-    def __iter__(self) -> Iterable[EngineAdapter]:  # type: ignore[override]
+    def __iter__(self) -> Iterator[EngineAdapter]:
         return iter(self.adapters.values())
 
     def detect(self, payload: str) -> EngineAdapter | None:

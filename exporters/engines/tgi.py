@@ -11,11 +11,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from exporters.mapping import EngineAdapter, EngineFacts, Row, TranslateContext, info_key
+from exporters.model import Snapshot
+from exporters.textparse import ParsedText
 from inferwatch import vocabulary as V
-
-from ..mapping import EngineAdapter, EngineFacts, Row, TranslateContext, info_key
-from ..model import Snapshot
-from ..textparse import ParsedText
 
 OPTION_MAX_BATCH_TOTAL_TOKENS = "max_batch_total_tokens"
 
@@ -93,13 +92,21 @@ UNSUPPORTED = {
 IGNORED = frozenset(
     {
         "tgi_request_count",  # over-counts (chat +2, completions +1 per prompt)
-        "tgi_request_validation_duration", "tgi_request_inference_duration",
-        "tgi_request_max_new_tokens", "tgi_batch_next_size", "tgi_batch_concat",
-        "tgi_batch_inference_count", "tgi_batch_inference_success", "tgi_batch_inference_failure",
-        "tgi_batch_forward_duration", "tgi_batch_decode_duration", "tgi_batch_filter_duration",
-        "tgi_batch_concat_duration", "tgi_batch_max_total_tokens",
+        "tgi_request_validation_duration",
+        "tgi_request_inference_duration",
+        "tgi_request_max_new_tokens",
+        "tgi_batch_next_size",
+        "tgi_batch_concat",
+        "tgi_batch_inference_count",
+        "tgi_batch_inference_success",
+        "tgi_batch_inference_failure",
+        "tgi_batch_forward_duration",
+        "tgi_batch_decode_duration",
+        "tgi_batch_filter_duration",
+        "tgi_batch_concat_duration",
+        "tgi_batch_max_total_tokens",
     }
-)  # fmt: skip
+)
 
 
 def hook(parsed: ParsedText, ctx: TranslateContext, snap: Snapshot) -> None:

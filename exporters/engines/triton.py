@@ -13,11 +13,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from exporters.mapping import EngineAdapter, EngineFacts, Row, TranslateContext, info_key, translate_rows
+from exporters.model import Snapshot
+from exporters.textparse import Labels, ParsedText
 from inferwatch import vocabulary as V
-
-from ..mapping import EngineAdapter, EngineFacts, Row, TranslateContext, info_key, translate_rows
-from ..model import Snapshot
-from ..textparse import Labels, ParsedText
 
 L = {"model": V.LABEL_MODEL}
 REQUEST_METRICS = "nv_trt_llm_request_metrics"
@@ -97,15 +96,24 @@ UNSUPPORTED = {
 
 IGNORED = frozenset(
     {
-        "nv_trt_llm_runtime_memory_metrics", "nv_trt_llm_inflight_batcher_metrics",
-        "nv_trt_llm_v1_metrics", "nv_trt_llm_general_metrics", "nv_trt_llm_disaggregated_serving_metrics",
-        "nv_inference_count", "nv_inference_exec_count", "nv_inference_compute_input_duration_us",
-        "nv_inference_compute_infer_duration_us", "nv_inference_compute_output_duration_us",
-        "nv_inference_pending_request_count", "nv_inference_request_summary_us",
-        "nv_inference_queue_summary_us", "nv_inference_compute_input_summary_us",
-        "nv_inference_compute_infer_summary_us", "nv_inference_compute_output_summary_us",
+        "nv_trt_llm_runtime_memory_metrics",
+        "nv_trt_llm_inflight_batcher_metrics",
+        "nv_trt_llm_v1_metrics",
+        "nv_trt_llm_general_metrics",
+        "nv_trt_llm_disaggregated_serving_metrics",
+        "nv_inference_count",
+        "nv_inference_exec_count",
+        "nv_inference_compute_input_duration_us",
+        "nv_inference_compute_infer_duration_us",
+        "nv_inference_compute_output_duration_us",
+        "nv_inference_pending_request_count",
+        "nv_inference_request_summary_us",
+        "nv_inference_queue_summary_us",
+        "nv_inference_compute_input_summary_us",
+        "nv_inference_compute_infer_summary_us",
+        "nv_inference_compute_output_summary_us",
     }
-)  # fmt: skip
+)
 
 
 def _llm_models(parsed: ParsedText) -> set[str]:

@@ -15,11 +15,10 @@ import threading
 from collections.abc import Iterable
 from typing import Any
 
+from exporters.mapping import EngineAdapter, EngineFacts, Row, TranslateContext, info_key
+from exporters.model import Snapshot
+from exporters.textparse import ParsedText
 from inferwatch import vocabulary as V
-
-from ..mapping import EngineAdapter, EngineFacts, Row, TranslateContext, info_key
-from ..model import Snapshot
-from ..textparse import ParsedText
 
 L = {"model_name": V.LABEL_MODEL}
 
@@ -41,9 +40,16 @@ ROWS: tuple[Row, ...] = (
         {**L, "finished_reason": V.LABEL_OUTCOME},
         values={"finished_reason": FINISHED_REASON},
     ),
-    Row(V.REQUESTS, ("trtllm_request_error_total",), {**L, "http_code": V.LABEL_OUTCOME}, values={"http_code": HTTP_CODE}),
+    Row(
+        V.REQUESTS,
+        ("trtllm_request_error_total",),
+        {**L, "http_code": V.LABEL_OUTCOME},
+        values={"http_code": HTTP_CODE},
+    ),
     Row(V.TIME_TO_FIRST_TOKEN, ("trtllm_time_to_first_token_seconds", "time_to_first_token_seconds"), L),
-    Row(V.TIME_PER_OUTPUT_TOKEN, ("trtllm_time_per_output_token_seconds", "time_per_output_token_seconds"), L),
+    Row(
+        V.TIME_PER_OUTPUT_TOKEN, ("trtllm_time_per_output_token_seconds", "time_per_output_token_seconds"), L
+    ),
     Row(V.REQUEST_DURATION, ("trtllm_e2e_request_latency_seconds", "e2e_request_latency_seconds"), L),
     Row(
         V.REQUEST_QUEUE,
@@ -79,26 +85,53 @@ UNSUPPORTED = {
 
 IGNORED = frozenset(
     {
-        "trtllm_request_inference_time_seconds", "trtllm_prompt_cache_hit_tokens",
-        "trtllm_prompt_cached_tokens_per_request", "trtllm_spec_decode_drafted_tokens",
-        "trtllm_spec_decode_accepted_tokens", "trtllm_prefill_perplexity", "trtllm_generation_perplexity",
-        "trtllm_num_requests_completed", "trtllm_iteration_latency_seconds", "trtllm_gpu_memory_usage_bytes",
-        "trtllm_cpu_memory_usage_bytes", "trtllm_pinned_memory_usage_bytes", "trtllm_max_batch_size_static",
-        "trtllm_max_batch_size_runtime", "trtllm_max_num_tokens_runtime", "trtllm_kv_cache_free_blocks",
-        "trtllm_kv_cache_used_blocks", "trtllm_kv_cache_hit_rate", "trtllm_kv_cache_reused_blocks",
-        "trtllm_kv_cache_missed_blocks", "trtllm_num_context_requests", "trtllm_num_generation_requests",
-        "trtllm_num_paused_requests", "trtllm_num_scheduled_requests", "trtllm_total_context_tokens",
-        "trtllm_prefill_batch_tokens", "trtllm_prefill_batch_occupancy", "trtllm_avg_decoded_tokens_per_iter",
-        "trtllm_spec_decode_acceptance_length", "trtllm_spec_decode_draft_overhead",
-        "trtllm_kv_cache_host_utilization", "trtllm_kv_cache_iter_reuse_rate",
-        "trtllm_kv_cache_iter_reused_blocks", "trtllm_kv_cache_iter_full_reused_blocks",
-        "trtllm_kv_cache_iter_partial_reused_blocks", "trtllm_kv_cache_iter_missed_blocks",
-        "trtllm_kv_cache_gen_alloc_blocks", "trtllm_kv_cache_onboard_bytes", "trtllm_kv_cache_offload_bytes",
-        "trtllm_kv_cache_intra_device_copy_bytes", "trtllm_kv_cache_disk_prefetch_blocks",
-        "trtllm_model_config_info", "trtllm_parallel_config_info", "trtllm_speculative_config_info",
+        "trtllm_request_inference_time_seconds",
+        "trtllm_prompt_cache_hit_tokens",
+        "trtllm_prompt_cached_tokens_per_request",
+        "trtllm_spec_decode_drafted_tokens",
+        "trtllm_spec_decode_accepted_tokens",
+        "trtllm_prefill_perplexity",
+        "trtllm_generation_perplexity",
+        "trtllm_num_requests_completed",
+        "trtllm_iteration_latency_seconds",
+        "trtllm_gpu_memory_usage_bytes",
+        "trtllm_cpu_memory_usage_bytes",
+        "trtllm_pinned_memory_usage_bytes",
+        "trtllm_max_batch_size_static",
+        "trtllm_max_batch_size_runtime",
+        "trtllm_max_num_tokens_runtime",
+        "trtllm_kv_cache_free_blocks",
+        "trtllm_kv_cache_used_blocks",
+        "trtllm_kv_cache_hit_rate",
+        "trtllm_kv_cache_reused_blocks",
+        "trtllm_kv_cache_missed_blocks",
+        "trtllm_num_context_requests",
+        "trtllm_num_generation_requests",
+        "trtllm_num_paused_requests",
+        "trtllm_num_scheduled_requests",
+        "trtllm_total_context_tokens",
+        "trtllm_prefill_batch_tokens",
+        "trtllm_prefill_batch_occupancy",
+        "trtllm_avg_decoded_tokens_per_iter",
+        "trtllm_spec_decode_acceptance_length",
+        "trtllm_spec_decode_draft_overhead",
+        "trtllm_kv_cache_host_utilization",
+        "trtllm_kv_cache_iter_reuse_rate",
+        "trtllm_kv_cache_iter_reused_blocks",
+        "trtllm_kv_cache_iter_full_reused_blocks",
+        "trtllm_kv_cache_iter_partial_reused_blocks",
+        "trtllm_kv_cache_iter_missed_blocks",
+        "trtllm_kv_cache_gen_alloc_blocks",
+        "trtllm_kv_cache_onboard_bytes",
+        "trtllm_kv_cache_offload_bytes",
+        "trtllm_kv_cache_intra_device_copy_bytes",
+        "trtllm_kv_cache_disk_prefetch_blocks",
+        "trtllm_model_config_info",
+        "trtllm_parallel_config_info",
+        "trtllm_speculative_config_info",
         "trtllm_scheduled_batch_size",
     }
-)  # fmt: skip
+)
 
 
 class IterationStatsAccumulator:
@@ -121,7 +154,9 @@ class IterationStatsAccumulator:
         """Take one JSON read (a list of iteration dicts); returns how many iterations were new."""
         new = 0
         with self._lock:
-            for item in sorted((s for s in stats if isinstance(s, dict)), key=lambda s: int(s.get("iter", 0))):
+            for item in sorted(
+                (s for s in stats if isinstance(s, dict)), key=lambda s: int(s.get("iter", 0))
+            ):
                 rank = int(item.get("attentionDpRank", 0) or 0)
                 it = int(item.get("iter", 0))
                 if it <= self.last_iter.get(rank, -1):
@@ -129,7 +164,9 @@ class IterationStatsAccumulator:
                 self.last_iter[rank] = it
                 self.latest[rank] = item
                 spec = item.get("specDecodingStats") or {}
-                self.draft_tokens[rank] = self.draft_tokens.get(rank, 0.0) + float(spec.get("numDraftTokens", 0))
+                self.draft_tokens[rank] = self.draft_tokens.get(rank, 0.0) + float(
+                    spec.get("numDraftTokens", 0)
+                )
                 self.accepted_tokens[rank] = self.accepted_tokens.get(rank, 0.0) + float(
                     spec.get("numAcceptedTokens", 0)
                 )

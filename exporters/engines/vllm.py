@@ -12,11 +12,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from exporters.mapping import EngineAdapter, EngineFacts, Row, TranslateContext, first, info_key
+from exporters.model import Snapshot
+from exporters.textparse import ParsedText
 from inferwatch import vocabulary as V
-
-from ..mapping import EngineAdapter, EngineFacts, Row, TranslateContext, first, info_key
-from ..model import Snapshot
-from ..textparse import ParsedText
 
 PREFIX = "vllm:"
 L = {"model_name": V.LABEL_MODEL, "engine": V.LABEL_DP_RANK}
@@ -69,34 +68,63 @@ RUNNING_GAUGE = "vllm:num_requests_running"
 # Known vLLM families that carry no canonical signal (or one we derive elsewhere).
 IGNORED = frozenset(
     {
-        "vllm:estimated_flops_per_gpu", "vllm:estimated_read_bytes_per_gpu",
-        "vllm:estimated_write_bytes_per_gpu", "vllm:num_requests_waiting_by_reason",
-        "vllm:num_requests_kv_fetch_by_stage", "vllm:engine_sleep_state",
-        "vllm:external_prefix_cache_queries", "vllm:external_prefix_cache_hits",
-        "vllm:mm_cache_queries", "vllm:mm_cache_hits", "vllm:prompt_tokens_by_source",
-        "vllm:prompt_tokens_cached", "vllm:prompt_tokens_cached_by_source", "vllm:admission_rejections",
-        "vllm:corrupted_requests", "vllm:watermark_requests", "vllm:iteration_tokens",
-        "vllm:iteration_tokens_total", "vllm:request_max_num_generation_tokens", "vllm:request_params_n",
-        "vllm:request_params_max_tokens", "vllm:request_inference_time_seconds",
-        "vllm:request_num_preemptions", "vllm:request_prefill_kv_computed_tokens",
-        "vllm:lora_requests_info", "vllm:spec_decode_num_drafts",
-        "vllm:spec_decode_num_accepted_tokens_per_pos", "vllm:kv_block_lifetime_seconds",
-        "vllm:kv_block_idle_before_evict_seconds", "vllm:kv_block_reuse_gap_seconds",
-        "vllm:tool_call_parser_invocations", "vllm:sleep_mode_operation_duration_seconds",
-        "vllm:sleep_mode_operations_in_flight", "vllm:rl_weight_update_operation_duration_seconds",
-        "vllm:rl_weight_update_operations_in_flight", "vllm:websocket_connections_active",
-        "vllm:websocket_connections", "vllm:websocket_connection_duration_seconds",
-        "vllm:diffusion_num_denoising_steps", "vllm:diffusion_num_canvas_positions",
+        "vllm:estimated_flops_per_gpu",
+        "vllm:estimated_read_bytes_per_gpu",
+        "vllm:estimated_write_bytes_per_gpu",
+        "vllm:num_requests_waiting_by_reason",
+        "vllm:num_requests_kv_fetch_by_stage",
+        "vllm:engine_sleep_state",
+        "vllm:external_prefix_cache_queries",
+        "vllm:external_prefix_cache_hits",
+        "vllm:mm_cache_queries",
+        "vllm:mm_cache_hits",
+        "vllm:prompt_tokens_by_source",
+        "vllm:prompt_tokens_cached",
+        "vllm:prompt_tokens_cached_by_source",
+        "vllm:admission_rejections",
+        "vllm:corrupted_requests",
+        "vllm:watermark_requests",
+        "vllm:iteration_tokens",
+        "vllm:iteration_tokens_total",
+        "vllm:request_max_num_generation_tokens",
+        "vllm:request_params_n",
+        "vllm:request_params_max_tokens",
+        "vllm:request_inference_time_seconds",
+        "vllm:request_num_preemptions",
+        "vllm:request_prefill_kv_computed_tokens",
+        "vllm:lora_requests_info",
+        "vllm:spec_decode_num_drafts",
+        "vllm:spec_decode_num_accepted_tokens_per_pos",
+        "vllm:kv_block_lifetime_seconds",
+        "vllm:kv_block_idle_before_evict_seconds",
+        "vllm:kv_block_reuse_gap_seconds",
+        "vllm:tool_call_parser_invocations",
+        "vllm:sleep_mode_operation_duration_seconds",
+        "vllm:sleep_mode_operations_in_flight",
+        "vllm:rl_weight_update_operation_duration_seconds",
+        "vllm:rl_weight_update_operations_in_flight",
+        "vllm:websocket_connections_active",
+        "vllm:websocket_connections",
+        "vllm:websocket_connection_duration_seconds",
+        "vllm:diffusion_num_denoising_steps",
+        "vllm:diffusion_num_canvas_positions",
         "vllm:diffusion_num_committed_tokens",
         # V0 only
-        "vllm:num_requests_swapped", "vllm:cpu_cache_usage_perc", "vllm:gpu_prefix_cache_hit_rate",
-        "vllm:cpu_prefix_cache_hit_rate", "vllm:model_forward_time_milliseconds",
-        "vllm:model_execute_time_milliseconds", "vllm:avg_prompt_throughput_toks_per_s",
-        "vllm:avg_generation_throughput_toks_per_s", "vllm:request_params_best_of",
-        "vllm:spec_decode_draft_acceptance_rate", "vllm:spec_decode_efficiency",
-        "vllm:spec_decode_num_emitted_tokens", "vllm:tokens",
+        "vllm:num_requests_swapped",
+        "vllm:cpu_cache_usage_perc",
+        "vllm:gpu_prefix_cache_hit_rate",
+        "vllm:cpu_prefix_cache_hit_rate",
+        "vllm:model_forward_time_milliseconds",
+        "vllm:model_execute_time_milliseconds",
+        "vllm:avg_prompt_throughput_toks_per_s",
+        "vllm:avg_generation_throughput_toks_per_s",
+        "vllm:request_params_best_of",
+        "vllm:spec_decode_draft_acceptance_rate",
+        "vllm:spec_decode_efficiency",
+        "vllm:spec_decode_num_emitted_tokens",
+        "vllm:tokens",
     }
-)  # fmt: skip
+)
 
 
 def aliases(name: str) -> Iterable[str]:

@@ -1,0 +1,51 @@
+# inferwatch — `make help` lists the targets.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+SUDO := $(shell [ "$$(id -u)" -ne 0 ] && command -v sudo)
+
+.PHONY: help install system-deps lint test bench demo goldens check-generated clean
+
+help: ## show this help
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+system-deps: ## install Debian's prometheus (promtool) and prometheus-alertmanager when missing
+	@if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus-alertmanager >/dev/null 2>&1; then \
+		if command -v apt-get >/dev/null 2>&1; then \
+			echo "installing Debian packages prometheus prometheus-alertmanager"; \
+			$(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends prometheus prometheus-alertmanager; \
+		else \
+			echo "warning: promtool not found and apt-get unavailable; tests needing it will skip (fail under CI)"; \
+		fi; \
+	fi
+
+install: $(STAMP) system-deps ## Python deps into .venv, plus system packages the tests need
+
+lint: $(STAMP) ## ruff + mypy --strict
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
+test: install ## run the whole test suite (real promtool; CI=1 turns skips of real components into failures)
+	$(PY) -m pytest -q
+
+bench: $(STAMP) ## benchmarks (exit non-zero when a target ratio is missed)
+	$(PY) bench/exporter.py
+
+demo: $(STAMP) ## the exporter end to end on replayed engine payloads (no Docker, no engine)
+	$(PY) -m inferwatch demo
+
+goldens: $(STAMP) ## rewrite golden files after an intended change (review the diff!)
+	$(PY) -m pytest -q tests/test_goldens.py tests/test_coverage.py --update-goldens
+
+check-generated: $(STAMP) ## fail when a committed generated file is stale
+	$(PY) -m pytest -q tests/test_goldens.py tests/test_coverage.py
+
+clean: ## remove the virtualenv and caches
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -1,0 +1,201 @@
+"""The exporter against live HTTP engines: a replayed real vLLM capture, then the engine going away,
+turning slow or returning garbage. Everything binds 127.0.0.1 and is stopped by the test."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import httpx
+import pytest
+
+from exporters.engines import EngineRegistry
+from exporters.replay import TEXT, ReplayServer, fixture_routes
+from exporters.server import Exporter
+from inferwatch import vocabulary as V
+from inferwatch.config import ExporterConfig, TargetConfig
+
+from .conftest import ENGINE_FIXTURES, ROOT
+from .helpers import has, value
+
+REAL = ENGINE_FIXTURES / "vllm" / "0.32.0-cpu"
+
+
+@pytest.fixture
+def vllm_engine() -> Iterator[ReplayServer]:
+    _, routes = fixture_routes(REAL)
+    server = ReplayServer(routes)
+    server.start()
+    yield server
+    server.stop()
+
+
+def make_exporter(registry: EngineRegistry, *targets: TargetConfig) -> Exporter:
+    return Exporter(
+        config=ExporterConfig(listen="127.0.0.1:0", targets=list(targets)),
+        registry=registry,
+        vocabulary=V.Vocabulary(),
+    )
+
+
+def scrape(addr: tuple[str, int]) -> str:
+    r = httpx.get(f"http://{addr[0]}:{addr[1]}/metrics", timeout=10)
+    assert r.status_code == 200
+    assert r.headers["content-type"].startswith("text/plain; version=0.0.4")
+    return r.text
+
+
+def test_serves_canonical_then_flips_up_when_engine_stops(
+    registry: EngineRegistry, vllm_engine: ReplayServer
+) -> None:
+    exporter = make_exporter(registry, TargetConfig(url=vllm_engine.url, name="vllm-0"))
+    addr = exporter.start()
+    try:
+        text = scrape(addr)
+        assert value(text, V.EXPORTER_UP.name, target="vllm-0", engine=V.ENGINE_VLLM) == 1.0
+        assert value(text, V.REQUESTS_WAITING.name, model="tiny-llama") == 11.0
+        assert has(text, V.TIME_TO_FIRST_TOKEN.name + "_bucket")
+        vllm_engine.stop()
+        text = scrape(addr)
+        assert value(text, V.EXPORTER_UP.name, target="vllm-0") == 0.0
+        assert not has(text, V.REQUESTS_WAITING.name), (
+            "stale canonical series served after the engine stopped"
+        )
+        assert not has(text, V.TIME_TO_FIRST_TOKEN.name + "_count")
+        # the exporter itself keeps serving
+        assert httpx.get(f"http://{addr[0]}:{addr[1]}/-/healthy", timeout=5).status_code == 200
+    finally:
+        exporter.stop()
+
+
+class _Handler(BaseHTTPRequestHandler):
+    mode = "garbage"
+
+    def do_GET(self) -> None:
+        if self.mode == "slow":
+            time.sleep(1.5)
+        body = b"<html><body>Bad Gateway</body></html>" if self.mode == "garbage" else b"# never sent\n"
+        try:
+            self.send_response(200)
+            self.send_header("Content-Type", TEXT)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+
+    def log_message(self, format: str, *args: object) -> None:
+        return
+
+
+@pytest.mark.parametrize("mode", ["garbage", "slow"])
+def test_garbage_and_timeouts_are_down_not_fatal(
+    mode: str, registry: EngineRegistry, caplog: pytest.LogCaptureFixture
+) -> None:
+    handler = type("H", (_Handler,), {"mode": mode})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    t = threading.Thread(target=server.serve_forever, daemon=True)
+    t.start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/metrics"
+    exporter = make_exporter(registry, TargetConfig(url=url, engine="vllm", name="bad", timeout_seconds=0.3))
+    addr = exporter.start()
+    try:
+        with caplog.at_level("WARNING", logger="inferwatch.exporter"):
+            for _ in range(3):
+                text = scrape(addr)
+                assert value(text, V.EXPORTER_UP.name, target="bad") == 0.0
+                assert not has(text, V.PROMPT_TOKENS.name)
+        failures = [r for r in caplog.records if "scrape failed" in r.getMessage()]
+        assert len(failures) == 1, "an error must be logged once per state change, not per scrape"
+        assert ("timed out" if mode == "slow" else "did not return Prometheus text") in failures[
+            0
+        ].getMessage()
+    finally:
+        exporter.stop()
+        server.shutdown()
+        server.server_close()
+
+
+def test_recovers_and_logs_once(registry: EngineRegistry, caplog: pytest.LogCaptureFixture) -> None:
+    _, routes = fixture_routes(REAL)
+    engine = ReplayServer(routes)
+    url = engine.start()
+    port = int(url.rsplit(":", 1)[1])
+    exporter = make_exporter(registry, TargetConfig(url=url, name="v"))
+    addr = exporter.start()
+    again = ReplayServer(routes, port=port)
+    try:
+        assert value(scrape(addr), V.EXPORTER_UP.name) == 1.0
+        engine.stop()
+        assert value(scrape(addr), V.EXPORTER_UP.name) == 0.0
+        again.start()  # the engine comes back on the same port
+        with caplog.at_level("WARNING", logger="inferwatch.exporter"):
+            assert value(scrape(addr), V.EXPORTER_UP.name) == 1.0
+        assert any("recovered" in r.getMessage() for r in caplog.records)
+    finally:
+        again.stop()
+        exporter.stop()
+
+
+def test_cli_serve_process(tmp_path: Path) -> None:
+    """`inferwatch exporter serve` as users run it: a real process, SIGTERM to stop."""
+    _, routes = fixture_routes(REAL)
+    engine = ReplayServer(routes)
+    url = engine.start()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "inferwatch",
+            "exporter",
+            "serve",
+            "--target",
+            url,
+            "--listen",
+            f"127.0.0.1:{port}",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ},
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                text = scrape(("127.0.0.1", port))
+                break
+            except httpx.HTTPError:
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise AssertionError(
+                        f"exporter did not come up: {proc.stderr.read() if proc.stderr else ''}"
+                    ) from None
+                time.sleep(0.2)
+        assert value(text, V.EXPORTER_UP.name) == 1.0
+        assert value(text, V.KV_CACHE_CAPACITY.name) == 1536.0
+        engine.stop()
+        assert value(scrape(("127.0.0.1", port)), V.EXPORTER_UP.name) == 0.0
+        assert proc.poll() is None
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            _, err = proc.communicate(timeout=15)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        engine.stop()
+    assert proc.returncode == 0, err
+    assert "scrape failed" in err

@@ -157,7 +157,9 @@ class TargetScraper:
     # -- one scrape -------------------------------------------------------------------------
     def _payload(self) -> tuple[EngineAdapter | None, str]:
         url = self._metrics_url()
-        body = self._get(url)
+        # trtllm-serve mounts /prometheus/metrics only with return_perf_metrics; its JSON still works.
+        optional = self.adapter is trtllm_engine.ADAPTER and not self.path
+        body = self._get(url, allow_404=optional)
         adapter = self.adapter
         if adapter is None:
             adapter = self.registry.detect(body)

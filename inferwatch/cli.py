@@ -36,7 +36,7 @@ exporter_app = typer.Typer(
 )
 app.add_typer(exporter_app, name="exporter")
 
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)
 
 
 def _fail(message: str, code: int = 2) -> typer.Exit:
@@ -183,7 +183,7 @@ def serve(
         EngineChoice, typer.Option(help="Engine of the --target(s); auto detects it.")
     ] = "auto",
     listen: Annotated[
-        str | None, typer.Option(help="HOST:PORT to serve /metrics on [default 127.0.0.1:9400].")
+        str | None, typer.Option(help="HOST:PORT to serve /metrics on (default 127.0.0.1:9400).")
     ] = None,
     config: Annotated[
         Path | None,

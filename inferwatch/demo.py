@@ -76,6 +76,8 @@ def run_demo(fixtures: Path, settings: InferwatchSettings) -> int:
     from exporters.server import Exporter
 
     console = Console()
+    if not console.is_terminal:
+        console = Console(width=150)
     servers: dict[str, ReplayServer] = {}
     targets = []
     try:
@@ -92,7 +94,7 @@ def run_demo(fixtures: Path, settings: InferwatchSettings) -> int:
                 TargetConfig(
                     url=url,
                     name=f"{engine}-demo",
-                    labels={"demo": "true"},
+                    engine=engine,
                     max_batch_total_tokens=extra.get("max_batch_total_tokens"),
                 )
             )
@@ -107,14 +109,14 @@ def run_demo(fixtures: Path, settings: InferwatchSettings) -> int:
         )
         host, port = exporter.start()
         url = f"http://{host}:{port}/metrics"
-        console.print(f"\nexporter serving {url} (engines auto-detected)\n")
+        console.print(f"\nexporter serving {url}\n")
         try:
             text = httpx.get(url, timeout=30).text
             lines = [ln for ln in text.splitlines() if ln and not ln.startswith("#")]
             console.print(_table(_summarise(text), f"canonical series served: {len(lines)} samples"))
             console.print("\nfirst lines of the canonical exposition:")
-            for ln in text.splitlines()[:8]:
-                console.print(f"  {ln}", highlight=False, markup=False)
+            for ln in text.splitlines()[:5]:
+                console.print(f"  {ln}", highlight=False, markup=False, soft_wrap=True)
             if "vllm" in servers:
                 servers.pop("vllm").stop()
                 console.print("\n[bold]vLLM stand-in stopped[/]; scraping the exporter again:\n")

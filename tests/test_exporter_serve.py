@@ -199,3 +199,20 @@ def test_cli_serve_process(tmp_path: Path) -> None:
         engine.stop()
     assert proc.returncode == 0, err
     assert "scrape failed" in err
+
+
+def test_tgi_empty_body_detected_through_info(registry: EngineRegistry) -> None:
+    """A fresh TGI serves an empty /metrics: the exporter asks /info, then serves the model's info."""
+    _, routes = fixture_routes(ENGINE_FIXTURES / "tgi" / "3.3.7-fresh")
+    engine = ReplayServer(routes)
+    url = engine.start()
+    exporter = make_exporter(registry, TargetConfig(url=url, name="tgi-0", max_batch_total_tokens=16384))
+    addr = exporter.start()
+    try:
+        text = scrape(addr)
+        assert value(text, V.EXPORTER_UP.name, engine=V.ENGINE_TGI) == 1.0
+        assert value(text, V.ENGINE_INFO.name, model="meta-llama/Llama-3.1-8B-Instruct") == 1.0
+        assert not has(text, V.REQUESTS.name)
+    finally:
+        exporter.stop()
+        engine.stop()

@@ -28,7 +28,9 @@ def test_translate_real_capture() -> None:
 
 def test_translate_stdin_with_labels_and_model() -> None:
     result = runner.invoke(
-        app, ["exporter", "translate", "-", "--model", "llama", "--label", "replica=a"], input=REAL.read_text()
+        app,
+        ["exporter", "translate", "-", "--model", "llama", "--label", "replica=a"],
+        input=REAL.read_text(),
     )
     assert result.exit_code == 0, result.output
     assert value(result.stdout, V.PROMPT_TOKENS.name, model="llama", replica="a") == 5610.0
@@ -87,7 +89,11 @@ def test_config_file_errors_name_the_field(tmp_path: Path) -> None:
     cfg.write_text("targets:\n  - {url: 'http://a:1'}\n  - {url: 'http://b:1'}\n")
     with pytest.raises(ConfigError, match="identical series"):
         load_exporter_config(cfg)
-    cfg.write_text("targets:\n  - {url: 'http://a:1', labels: {replica: a}}\n  - {url: 'http://b:1', labels: {replica: b}}\n")
+    cfg.write_text(
+        "targets:\n"
+        "  - {url: 'http://a:1', labels: {replica: a}}\n"
+        "  - {url: 'http://b:1', labels: {replica: b}}\n"
+    )
     assert len(load_exporter_config(cfg).targets) == 2
 
 

@@ -40,12 +40,18 @@ ROWS: tuple[Row, ...] = (
     Row(V.GENERATION_TOKENS, (f"{OUTPUT_TOKENS}_sum",), L),
     Row(V.REQUEST_PROMPT_TOKENS, (INPUT_TOKENS,), L),
     Row(V.REQUEST_GENERATION_TOKENS, (OUTPUT_TOKENS,), L),
+)
+
+FIRST_RESPONSE = "nv_inference_first_response_histogram_ms"
+# Triton creates it for every decoupled model: take the TensorRT-LLM model's when it has one,
+# else the ensemble's (which also covers pre- and post-processing).
+TTFT_ROWS: tuple[Row, ...] = (
     Row(
         V.TIME_TO_FIRST_TOKEN,
-        ("nv_inference_first_response_histogram_ms",),
+        (FIRST_RESPONSE,),
         L,
         divisor=1000.0,
-        note="[triton: first response of the model that has it (usually the ensemble), "
+        note="[triton: first response of the TensorRT-LLM model (else the ensemble), "
         "from Triton's opt-in histogram in ms.]",
     ),
 )
@@ -132,6 +138,8 @@ def hook(parsed: ParsedText, ctx: TranslateContext, snap: Snapshot) -> None:
         return dict(labels).get("model", "") in llm_models
 
     translate_rows(ADAPTER, REQUEST_ROWS, parsed, ctx, snap, accept)
+    ttft_models = {dict(lbl).get("model", "") for lbl, _ in parsed.get(f"{FIRST_RESPONSE}_count")}
+    translate_rows(ADAPTER, TTFT_ROWS, parsed, ctx, snap, accept if ttft_models & llm_models else None)
 
     blocks: dict[str, dict[str, float]] = {}
     for labels, value in parsed.get(KV_BLOCKS):
@@ -174,7 +182,7 @@ ADAPTER = EngineAdapter(
     ignored=IGNORED,
     extra_samples=(KV_BLOCKS, REQUEST_METRICS, f"{INPUT_TOKENS}_count", f"{OUTPUT_TOKENS}_count"),
     hook=hook,
-    hook_rows=REQUEST_ROWS,
+    hook_rows=REQUEST_ROWS + TTFT_ROWS,
     hook_metrics=(V.KV_CACHE_CAPACITY, V.PREFIX_CACHE_HIT_TOKENS, V.ENGINE_INFO),
     info_path="/v2",
     parse_info=parse_info,

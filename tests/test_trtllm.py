@@ -1,0 +1,157 @@
+"""TensorRT-LLM trtllm-serve: three Prometheus name generations and the JSON iteration stats."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import yaml
+
+from exporters.engines import EngineRegistry
+from exporters.engines import trtllm as trtllm_engine
+from exporters.mapping import TranslateContext, translate_text
+from exporters.model import Snapshot
+from exporters.replay import JSON, TEXT, ReplayServer
+from exporters.server import Exporter
+from inferwatch import vocabulary as V
+from inferwatch.config import ExporterConfig, TargetConfig
+
+from .conftest import ENGINE_FIXTURES
+from .helpers import has, value
+
+D = ENGINE_FIXTURES / "trtllm"
+
+
+def facts(name: str) -> dict[str, Any]:
+    return dict(yaml.safe_load((D / name / "fixture.yaml").read_text())["facts"])
+
+
+def translate(name: str, model: str | None = None) -> Snapshot:
+    ctx = TranslateContext(engine=V.ENGINE_TRTLLM, model_override=model)
+    return translate_text(trtllm_engine.ADAPTER, (D / name / "prometheus.txt").read_text(), ctx)
+
+
+@pytest.mark.parametrize("gen", ["gen-a", "gen-b", "gen-c"])
+def test_every_generation_detected_and_mapped(gen: str, registry: EngineRegistry) -> None:
+    assert registry.detect((D / gen / "prometheus.txt").read_text()) is trtllm_engine.ADAPTER
+    f = facts(gen)
+    snap = translate(gen)
+    by_reason = f["requests_by_finished_reason"]
+    assert snap.value(V.REQUESTS, outcome=V.OUTCOME_STOP) == by_reason["stop"]
+    assert snap.value(V.REQUESTS, outcome=V.OUTCOME_LENGTH) == by_reason["length"]
+    for spec, key in (
+        (V.TIME_TO_FIRST_TOKEN, "ttft"),
+        (V.REQUEST_DURATION, "e2e"),
+        (V.REQUEST_QUEUE, "queue"),
+    ):
+        h = snap.histogram(spec)
+        assert h is not None, spec.name
+        assert h.inf == f[f"{key}_count"]
+        assert h.total == pytest.approx(f[f"{key}_sum_seconds"])
+    tpot = snap.histogram(V.TIME_PER_OUTPUT_TOKEN)
+    assert tpot is not None and tpot.inf == f["tpot_count"]
+    # TTFT and TPOT buckets are supersets of OpenTelemetry's: lossless
+    assert V.TIME_TO_FIRST_TOKEN not in snap.inexact and V.TIME_PER_OUTPUT_TOKEN not in snap.inexact
+    assert snap.unmapped == []
+
+
+def test_undefined_model_label_is_replaced() -> None:
+    snap = translate("gen-a")
+    assert {dict(k)[V.LABEL_MODEL] for k in snap.values[V.REQUESTS]} == {V.UNKNOWN}
+    snap = translate("gen-a", model="llama-3-8b")
+    assert {dict(k)[V.LABEL_MODEL] for k in snap.values[V.REQUESTS]} == {"llama-3-8b"}
+
+
+def test_gen_b_kv_gauge_with_pid_dropped() -> None:
+    f = facts("gen-b")
+    snap = translate("gen-b")
+    assert snap.value(V.KV_CACHE_USAGE) == pytest.approx(f["kv_cache_utilization"])
+    assert all("pid" not in dict(k) for k in snap.values[V.KV_CACHE_USAGE])
+
+
+def test_gen_c_full() -> None:
+    f = facts("gen-c")
+    snap = translate("gen-c")
+    sel = {V.LABEL_MODEL: f["model_name"]}
+    reasons = f["requests_by_finished_reason"]
+    assert snap.value(V.REQUESTS, outcome=V.OUTCOME_ABORT, **sel) == reasons["cancelled"]
+    # timeouts and HTTP 5xx are errors; HTTP 400 validation errors are client errors, not counted
+    assert (
+        snap.value(V.REQUESTS, outcome=V.OUTCOME_ERROR)
+        == reasons["timeout"] + f["request_errors_by_http_code"]["500"]
+    )
+    assert snap.value(V.PROMPT_TOKENS) == f["prompt_tokens_total"]
+    assert snap.value(V.GENERATION_TOKENS) == f["generation_tokens_total"]
+    assert snap.value(V.PREFIX_CACHE_HIT_TOKENS) == f["prompt_cached_tokens_total"]
+    assert snap.value(V.PREFIX_CACHE_QUERIED_TOKENS) == f["prompt_tokens_total"]
+    assert snap.value(V.REQUESTS_RUNNING) == f["num_requests_running"]
+    assert snap.value(V.REQUESTS_WAITING) == f["num_requests_waiting"]
+    assert snap.value(V.KV_CACHE_USAGE) == pytest.approx(f["kv_cache_utilization"])
+    assert snap.value(V.KV_CACHE_CAPACITY) == f["kv_cache_capacity_tokens"]
+    assert snap.value(V.SPEC_DECODE_DRAFT_TOKENS) == f["spec_decode_num_draft_tokens_total"]
+    assert snap.value(V.SPEC_DECODE_ACCEPTED_TOKENS) == f["spec_decode_num_accepted_tokens_total"]
+    (key,) = snap.values[V.ENGINE_INFO]
+    info = dict(key)
+    assert info[V.LABEL_BLOCK_SIZE] == str(f["kv_cache_tokens_per_block"])
+    assert info[V.LABEL_MAX_CONCURRENCY] == str(f["max_num_active_requests"])
+    assert info[V.LABEL_PREFIX_CACHING] == V.TRUE
+
+
+def test_json_accumulates_across_destructive_reads() -> None:
+    f = facts("json-iteration-stats")
+    acc = trtllm_engine.IterationStatsAccumulator()
+    first = json.loads((D / "json-iteration-stats" / "metrics.json").read_text())
+    second = json.loads((D / "json-iteration-stats" / "metrics-next.json").read_text())
+    assert acc.feed(first) == f["first_poll"]["iterations"]
+    assert acc.feed(first) == 0, "a re-read of the same iterations must not count twice"
+    assert acc.feed(second) == f["second_poll"]["iterations"]
+    snap = Snapshot()
+    acc.apply(TranslateContext(engine=V.ENGINE_TRTLLM, model_override="m"), snap)
+    both = f["both_polls"]
+    assert snap.value(V.SPEC_DECODE_DRAFT_TOKENS) == both["num_draft_tokens_sum"]
+    assert snap.value(V.SPEC_DECODE_ACCEPTED_TOKENS) == both["num_accepted_tokens_sum"]
+    latest = f["latest"]
+    assert snap.value(V.REQUESTS_RUNNING) == latest["numActiveRequests"]
+    assert snap.value(V.REQUESTS_WAITING) == latest["numQueuedRequests"]
+    assert snap.value(V.KV_CACHE_USAGE) == pytest.approx(latest["kv_cache_utilization"])
+    assert snap.value(V.KV_CACHE_CAPACITY) == latest["maxNumBlocks"] * latest["tokensPerBlock"]
+    after = f["latest_after_second_poll"]
+    assert snap.value(V.PREFIX_CACHE_HIT_TOKENS) == after["reusedBlocks"] * latest["tokensPerBlock"]
+    assert snap.value(V.PREFIX_CACHE_QUERIED_TOKENS) == (after["reusedBlocks"] + after["missedBlocks"]) * 32
+
+
+@pytest.fixture
+def trtllm_gen_a_with_json() -> Iterator[ReplayServer]:
+    """A trtllm-serve 1.1-style server: Gen A Prometheus text and the JSON stats at /metrics."""
+    server = ReplayServer(
+        {
+            "/prometheus/metrics": (TEXT, (D / "gen-a" / "prometheus.txt").read_bytes()),
+            "/metrics": (JSON, (D / "json-iteration-stats" / "metrics.json").read_bytes()),
+        }
+    )
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.mark.parametrize("engine", ["auto", "trtllm"])
+def test_serve_combines_prometheus_and_json(
+    engine: str, registry: EngineRegistry, trtllm_gen_a_with_json: ReplayServer
+) -> None:
+    target = TargetConfig(url=trtllm_gen_a_with_json.url, engine=engine, model="llama")
+    exporter = Exporter(ExporterConfig(listen="127.0.0.1:0", targets=[target]), registry, V.Vocabulary())
+    try:
+        text = exporter.metrics()
+    finally:
+        exporter.stop()
+    f = facts("json-iteration-stats")
+    assert value(text, V.EXPORTER_UP.name, engine=V.ENGINE_TRTLLM) == 1.0
+    assert value(text, V.TIME_TO_FIRST_TOKEN.name + "_count", model="llama") == facts("gen-a")["ttft_count"]
+    assert (
+        value(text, V.REQUESTS_RUNNING.name, model="llama")
+        == f["latest_after_first_poll"]["numActiveRequests"]
+    )
+    assert trtllm_gen_a_with_json.hits.get("/metrics", 0) >= 1
+    assert has(text, V.KV_CACHE_CAPACITY.name)

@@ -69,6 +69,56 @@ def version() -> None:
     typer.echo(__version__)
 
 
+@app.command("vocabulary")
+def vocabulary_cmd(
+    markdown: Annotated[bool, typer.Option(help="Print the reference page as Markdown.")] = False,
+) -> None:
+    """List the canonical metrics: names, types, units, labels and bucket layouts."""
+    from rich.table import Table
+
+    from . import vocabulary as V
+    from .reference import markdown as render_markdown
+
+    vocab = _settings().vocabulary()
+    if markdown:
+        sys.stdout.write(render_markdown(vocab))
+        return
+    table = Table(title="canonical vocabulary")
+    for col in ("name", "type", "unit", "labels", "buckets"):
+        table.add_column(col)
+    for spec in V.ALL_METRICS:
+        buckets = " ".join(vocab.le_strings(spec)) if spec.kind is V.Kind.HISTOGRAM else ""
+        table.add_row(spec.name, spec.kind.value, spec.unit, " ".join(spec.labels), buckets)
+    Console(width=200).print(table)
+
+
+@exporter_app.command("coverage")
+def coverage_cmd(
+    markdown: Annotated[bool, typer.Option(help="Print the coverage matrix as Markdown.")] = False,
+) -> None:
+    """Which canonical signals each engine provides, and why the others are missing."""
+    from exporters.coverage import markdown as render_markdown
+    from exporters.coverage import matrix
+    from exporters.engines import builtin_registry
+
+    registry = builtin_registry()
+    if markdown:
+        sys.stdout.write(render_markdown(registry))
+        return
+    from rich.table import Table
+
+    m = matrix(registry)
+    table = Table(title="canonical signal coverage")
+    table.add_column("metric")
+    for engine in m:
+        table.add_column(engine)
+    from . import vocabulary as V
+
+    for spec in V.CANONICAL_METRICS:
+        table.add_row(spec.key, *("yes" if m[e].get(spec.key) == "mapped" else "-" for e in m))
+    Console(width=160).print(table)
+
+
 @exporter_app.command("translate")
 def translate(
     file: Annotated[

@@ -49,3 +49,13 @@ def test_coverage_doc_is_current(registry: EngineRegistry, update_goldens: bool)
     if update_goldens:
         path.write_text(text)
     assert path.read_text() == text, "docs/coverage.md is stale; run `make goldens`"
+
+
+def test_vocabulary_doc_is_current(vocab: V.Vocabulary, update_goldens: bool) -> None:
+    from inferwatch.reference import markdown as vocabulary_markdown
+
+    path: Path = ROOT / "docs" / "vocabulary.md"
+    text = vocabulary_markdown(vocab)
+    if update_goldens:
+        path.write_text(text)
+    assert path.read_text() == text, "docs/vocabulary.md is stale; run `make goldens`"

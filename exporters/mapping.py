@@ -61,6 +61,12 @@ class EngineFacts:
     max_concurrency: str | None = None
 
 
+def version_info(body: Any) -> EngineFacts:
+    """Facts from a ``{"version": "..."}`` body (vLLM and trtllm-serve ``/version``, Triton ``/v2``)."""
+    version = body.get("version") if isinstance(body, dict) else None
+    return EngineFacts(version=str(version) if version else None)
+
+
 @dataclass
 class TranslateContext:
     """Per-target settings the translation needs."""

@@ -22,9 +22,7 @@ def markdown(vocabulary: V.Vocabulary) -> str:
     for spec in V.ALL_METRICS:
         labels = ", ".join(f"`{label}`" for label in spec.labels) or ""
         otel = f"`{spec.otel_name}`" if spec.otel_name else ""
-        lines.append(
-            f"| `{spec.name}` | {spec.kind.value} | {spec.unit} | {labels} | {otel} | {spec.help} |"
-        )
+        lines.append(f"| `{spec.name}` | {spec.kind.value} | {spec.unit} | {labels} | {otel} | {spec.help} |")
     lines += [
         "",
         f"`{V.LABEL_OUTCOME}` is one of {', '.join(f'`{o}`' for o in V.OUTCOMES)}.",

@@ -11,9 +11,7 @@ counters and durations are taken only for the TensorRT-LLM models (those with ``
 
 from __future__ import annotations
 
-from typing import Any
-
-from exporters.mapping import EngineAdapter, EngineFacts, Row, TranslateContext, info_key, translate_rows
+from exporters.mapping import EngineAdapter, Row, TranslateContext, info_key, translate_rows, version_info
 from exporters.model import Snapshot
 from exporters.textparse import Labels, ParsedText
 from inferwatch import vocabulary as V
@@ -168,12 +166,6 @@ def hook(parsed: ParsedText, ctx: TranslateContext, snap: Snapshot) -> None:
         snap.set_value(V.ENGINE_INFO, info_key(ctx, info), 1.0)
 
 
-def parse_info(body: Any) -> EngineFacts:
-    """``GET /v2`` -> ``{"name": "triton", "version": "2.56.0", ...}``."""
-    version = body.get("version") if isinstance(body, dict) else None
-    return EngineFacts(version=str(version) if version else None)
-
-
 ADAPTER = EngineAdapter(
     name=V.ENGINE_TRITON,
     rows=ROWS,
@@ -185,6 +177,6 @@ ADAPTER = EngineAdapter(
     hook_rows=REQUEST_ROWS + TTFT_ROWS,
     hook_metrics=(V.KV_CACHE_CAPACITY, V.PREFIX_CACHE_HIT_TOKENS, V.ENGINE_INFO),
     info_path="/v2",
-    parse_info=parse_info,
+    parse_info=version_info,
     detect_markers=("nv_trt_llm_", "nv_inference_"),
 )

@@ -15,7 +15,7 @@ import threading
 from collections.abc import Iterable
 from typing import Any
 
-from exporters.mapping import EngineAdapter, EngineFacts, Row, TranslateContext, info_key
+from exporters.mapping import EngineAdapter, Row, TranslateContext, info_key, version_info
 from exporters.model import Snapshot
 from exporters.textparse import ParsedText
 from inferwatch import vocabulary as V
@@ -258,12 +258,6 @@ def hook(parsed: ParsedText, ctx: TranslateContext, snap: Snapshot) -> None:
         ctx.state.apply(ctx, snap)
 
 
-def parse_info(body: Any) -> EngineFacts:
-    """``GET /version`` -> ``{"version": "1.2.0"}``."""
-    version = body.get("version") if isinstance(body, dict) else None
-    return EngineFacts(version=str(version) if version else None)
-
-
 ADAPTER = EngineAdapter(
     name=V.ENGINE_TRTLLM,
     rows=ROWS,
@@ -275,7 +269,7 @@ ADAPTER = EngineAdapter(
     hook_metrics=(V.KV_CACHE_CAPACITY, V.PREFIX_CACHE_QUERIED_TOKENS, V.ENGINE_INFO),
     default_path="/prometheus/metrics",
     info_path="/version",
-    parse_info=parse_info,
+    parse_info=version_info,
     detect_markers=("trtllm_", 'engine_type="'),
 )
 JSON_PATH = "/metrics"

@@ -10,9 +10,8 @@ wheel, the deprecation table and the alias map; verified against a real 0.32.0 c
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
 
-from exporters.mapping import EngineAdapter, EngineFacts, Row, TranslateContext, first, info_key
+from exporters.mapping import EngineAdapter, Row, TranslateContext, first, info_key, version_info
 from exporters.model import Snapshot
 from exporters.textparse import ParsedText
 from inferwatch import vocabulary as V
@@ -182,12 +181,6 @@ def hook(parsed: ParsedText, ctx: TranslateContext, snap: Snapshot) -> None:
             snap.set_value(V.ENGINE_INFO, info_key(ctx, {**base, **info}), 1.0)
 
 
-def parse_info(body: Any) -> EngineFacts:
-    """``GET /version`` -> ``{"version": "0.32.0"}``."""
-    version = body.get("version") if isinstance(body, dict) else None
-    return EngineFacts(version=str(version) if version else None)
-
-
 ADAPTER = EngineAdapter(
     name=V.ENGINE_VLLM,
     rows=ROWS,
@@ -199,6 +192,6 @@ ADAPTER = EngineAdapter(
     hook_metrics=(V.KV_CACHE_CAPACITY, V.ENGINE_INFO),
     aliases=aliases,
     info_path="/version",
-    parse_info=parse_info,
+    parse_info=version_info,
     detect_markers=("vllm:", "\nvllm_"),
 )

@@ -218,15 +218,23 @@ class TargetScraper:
                 snap = translate_text(adapter, body, ctx)
             except (ScrapeError, ParseError) as exc:
                 self._state_error(str(exc))
-                return health_snapshot(
-                    self.target.label, self.engine_label, self.target.labels, False, self.clock() - start
-                )
+                return self._down(start)
+            except Exception as exc:  # a bug of ours must not take the exporter (or other targets) down
+                if self._last_error != f"internal: {exc!r}":
+                    log.exception("target %s: translation failed", self.target.label)
+                self._last_error = f"internal: {exc!r}"
+                return self._down(start)
             self._state_ok()
             if snap.unmapped:
                 log.debug("target %s: unmapped families: %s", self.target.label, ", ".join(snap.unmapped))
             return with_health(
                 snap, self.target.label, adapter.name, self.target.labels, self.clock() - start
             )
+
+    def _down(self, start: float) -> Snapshot:
+        return health_snapshot(
+            self.target.label, self.engine_label, self.target.labels, False, self.clock() - start
+        )
 
     def _context(self, adapter: EngineAdapter) -> TranslateContext:
         options: dict[str, Any] = {}

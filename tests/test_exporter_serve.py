@@ -216,3 +216,40 @@ def test_tgi_empty_body_detected_through_info(registry: EngineRegistry) -> None:
     finally:
         exporter.stop()
         engine.stop()
+
+
+def test_a_translation_bug_is_contained(
+    registry: EngineRegistry, vllm_engine: ReplayServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An unexpected exception in one target's translation marks it down; the exporter keeps serving."""
+    from exporters import runtime
+
+    def boom(*args: object) -> None:
+        raise RuntimeError("bug")
+
+    monkeypatch.setattr(runtime, "translate_text", boom)
+    exporter = make_exporter(registry, TargetConfig(url=vllm_engine.url, name="v"))
+    try:
+        text = exporter.metrics()
+    finally:
+        exporter.stop()
+    assert value(text, V.EXPORTER_UP.name, target="v") == 0.0
+
+
+def test_trtllm_json_is_drained_between_scrapes(registry: EngineRegistry) -> None:
+    """The JSON stats are a destructive read with a bounded buffer: the exporter polls it on its own."""
+    stats = ENGINE_FIXTURES / "trtllm" / "json-iteration-stats" / "metrics.json"
+    engine = ReplayServer({"/metrics": ("application/json", stats.read_bytes())})
+    url = engine.start()
+    target = TargetConfig(url=url, engine="trtllm", json_poll_interval_seconds=0.05)
+    exporter = make_exporter(registry, target)
+    exporter.start()
+    try:
+        deadline = time.monotonic() + 10
+        while engine.hits.get("/metrics", 0) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert engine.hits.get("/metrics", 0) >= 3, "no background polls of the JSON stats"
+        assert exporter.scrapers[0].accumulator.iterations == 6
+    finally:
+        exporter.stop()
+        engine.stop()

@@ -165,3 +165,14 @@ def test_model_override_and_extra_labels() -> None:
     for key in snap.values[V.PROMPT_TOKENS]:
         d = dict(key)
         assert d[V.LABEL_MODEL] == "llama-3-8b" and d["replica"] == "a"
+
+
+def test_slo_threshold_on_a_vllm_boundary_is_exact() -> None:
+    """An SLO threshold added to the layout is exact where vLLM has that boundary (e2e 2.0 s)."""
+    vocab = V.Vocabulary().with_boundaries(V.REQUEST_DURATION, [2.0])
+    ctx = TranslateContext(engine=V.ENGINE_VLLM, vocabulary=vocab)
+    snap = translate_text(vllm_engine.ADAPTER, (REAL / "metrics-final.txt").read_text(), ctx)
+    h = snap.histogram(V.REQUEST_DURATION)
+    assert h is not None and h.counts is not None
+    assert h.counts[h.bounds.index(2.0)] == 39.0  # vLLM's own le="2.0" bucket
+    assert h.counts[h.bounds.index(1.28)] == 8.0  # not a vLLM bound: the count at le="1.0", never more

@@ -59,9 +59,7 @@ def best_of(fn: Callable[[], object], rounds: int) -> float:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=7, help="rounds per side (best is kept)")
     parser.add_argument("--engines", type=int, default=8)
     parser.add_argument("--models", type=int, default=4)

@@ -263,9 +263,7 @@ def _translate_histogram(
             mapped = _map_labels(row, labels)
             if n is None or mapped is None:
                 continue
-            snap.add_histogram(
-                row.metric, ctx.key(mapped), HistogramValue(bounds, None, n, total / row.divisor)
-            )
+            snap.add_histogram(row.metric, ctx.key(mapped), HistogramValue(bounds, None, n, total / row.divisor))
             snap.inexact.add(row.metric)
         _note(snap, row)
         return

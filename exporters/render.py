@@ -27,9 +27,7 @@ def _help(spec: V.MetricSpec, note: str | None) -> str:
     return text.replace("\\", "\\\\").replace("\n", "\\n")
 
 
-def render(
-    snapshot: Snapshot, vocabulary: V.Vocabulary, metrics: Iterable[V.MetricSpec] = V.ALL_METRICS
-) -> str:
+def render(snapshot: Snapshot, vocabulary: V.Vocabulary, metrics: Iterable[V.MetricSpec] = V.ALL_METRICS) -> str:
     """Render every family of ``snapshot`` that has series, in vocabulary order."""
     out: list[str] = []
     fmt = V.format_value

@@ -227,14 +227,10 @@ class TargetScraper:
             self._state_ok()
             if snap.unmapped:
                 log.debug("target %s: unmapped families: %s", self.target.label, ", ".join(snap.unmapped))
-            return with_health(
-                snap, self.target.label, adapter.name, self.target.labels, self.clock() - start
-            )
+            return with_health(snap, self.target.label, adapter.name, self.target.labels, self.clock() - start)
 
     def _down(self, start: float) -> Snapshot:
-        return health_snapshot(
-            self.target.label, self.engine_label, self.target.labels, False, self.clock() - start
-        )
+        return health_snapshot(self.target.label, self.engine_label, self.target.labels, False, self.clock() - start)
 
     def _context(self, adapter: EngineAdapter) -> TranslateContext:
         options: dict[str, Any] = {}

@@ -74,9 +74,7 @@ class Exporter:
                 elif path in ("/-/healthy", "/-/ready"):
                     self._send(200, "text/plain; charset=utf-8", b"OK\n")
                 elif path == "/":
-                    targets = "".join(
-                        f"<li>{s.target.label} ({s.engine_label})</li>" for s in exporter.scrapers
-                    )
+                    targets = "".join(f"<li>{s.target.label} ({s.engine_label})</li>" for s in exporter.scrapers)
                     page = (
                         "<html><head><title>inferwatch exporter</title></head>"
                         "<body><h1>inferwatch exporter</h1>"

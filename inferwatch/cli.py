@@ -125,9 +125,7 @@ def translate(
         str,
         typer.Argument(help="A captured engine payload (/metrics text or trtllm-serve JSON); - for stdin."),
     ],
-    engine: Annotated[
-        EngineChoice, typer.Option(help="Engine that produced the payload; auto detects it.")
-    ] = "auto",
+    engine: Annotated[EngineChoice, typer.Option(help="Engine that produced the payload; auto detects it.")] = "auto",
     model: Annotated[str | None, typer.Option(help="Override the model label.")] = None,
     info: Annotated[
         Path | None,
@@ -139,9 +137,7 @@ def translate(
     label: Annotated[
         list[str] | None, typer.Option(help="Extra label NAME=VALUE on every series (repeatable).")
     ] = None,
-    explain: Annotated[
-        bool, typer.Option(help="Also list unmapped families and inexact buckets on stderr.")
-    ] = False,
+    explain: Annotated[bool, typer.Option(help="Also list unmapped families and inexact buckets on stderr.")] = False,
 ) -> None:
     """Print the canonical exposition for one captured payload (a debugging tool).
 
@@ -229,20 +225,14 @@ def serve(
         list[str] | None,
         typer.Option(help="Engine URL: base (http://host:8000) or full metrics URL. Repeatable."),
     ] = None,
-    engine: Annotated[
-        EngineChoice, typer.Option(help="Engine of the --target(s); auto detects it.")
-    ] = "auto",
-    listen: Annotated[
-        str | None, typer.Option(help="HOST:PORT to serve /metrics on (default 127.0.0.1:9400).")
-    ] = None,
+    engine: Annotated[EngineChoice, typer.Option(help="Engine of the --target(s); auto detects it.")] = "auto",
+    listen: Annotated[str | None, typer.Option(help="HOST:PORT to serve /metrics on (default 127.0.0.1:9400).")] = None,
     config: Annotated[
         Path | None,
         typer.Option(help="YAML file listing several targets (url, engine, name, model, labels, ...)."),
     ] = None,
     model: Annotated[str | None, typer.Option(help="Override the model label (TGI, Triton).")] = None,
-    max_batch_total_tokens: Annotated[
-        int | None, typer.Option(help="TGI: KV-cache capacity in tokens.")
-    ] = None,
+    max_batch_total_tokens: Annotated[int | None, typer.Option(help="TGI: KV-cache capacity in tokens.")] = None,
     timeout: Annotated[float, typer.Option(help="Seconds to wait for the engine on each scrape.")] = 5.0,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
 ) -> None:
@@ -262,10 +252,7 @@ def serve(
         host, port = exporter.start()
     except OSError as exc:
         raise _fail(f"cannot listen on {cfg.listen}: {exc.strerror}") from None
-    err.print(
-        f"inferwatch exporter serving http://{host}:{port}/metrics for "
-        f"{', '.join(t.label for t in cfg.targets)}"
-    )
+    err.print(f"inferwatch exporter serving http://{host}:{port}/metrics for {', '.join(t.label for t in cfg.targets)}")
     stop = threading.Event()
 
     def _handle(signum: int, frame: Any) -> None:
@@ -280,9 +267,7 @@ def serve(
 
 @app.command()
 def demo(
-    fixtures: Annotated[Path, typer.Option(help="Engine fixture directory.")] = Path(
-        "tests/fixtures/engines"
-    ),
+    fixtures: Annotated[Path, typer.Option(help="Engine fixture directory.")] = Path("tests/fixtures/engines"),
 ) -> None:
     """Run the exporter against captured engine payloads (no Docker, nothing to install).
 

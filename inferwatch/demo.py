@@ -132,7 +132,6 @@ def run_demo(fixtures: Path, settings: InferwatchSettings) -> int:
         for server in servers.values():
             server.stop()
     console.print(
-        "\nnext: point the exporter at a real engine with "
-        "`inferwatch exporter serve --target http://HOST:PORT`"
+        "\nnext: point the exporter at a real engine with `inferwatch exporter serve --target http://HOST:PORT`"
     )
     return 0

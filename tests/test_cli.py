@@ -90,9 +90,7 @@ def test_config_file_errors_name_the_field(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="identical series"):
         load_exporter_config(cfg)
     cfg.write_text(
-        "targets:\n"
-        "  - {url: 'http://a:1', labels: {replica: a}}\n"
-        "  - {url: 'http://b:1', labels: {replica: b}}\n"
+        "targets:\n  - {url: 'http://a:1', labels: {replica: a}}\n  - {url: 'http://b:1', labels: {replica: b}}\n"
     )
     assert len(load_exporter_config(cfg).targets) == 2
 

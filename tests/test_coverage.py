@@ -19,9 +19,7 @@ def test_matrix_is_complete(registry: EngineRegistry) -> None:
     for adapter in registry:
         mapped = adapter.mapped_metrics()
         unsupported = set(adapter.unsupported)
-        assert not mapped & unsupported, (
-            f"{adapter.name}: both mapped and unsupported: {mapped & unsupported}"
-        )
+        assert not mapped & unsupported, f"{adapter.name}: both mapped and unsupported: {mapped & unsupported}"
         every = {s.key for s in V.CANONICAL_METRICS}
         missing = every - mapped - unsupported
         assert not missing, f"{adapter.name}: canonical metrics neither mapped nor unsupported: {missing}"

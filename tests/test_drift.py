@@ -63,9 +63,7 @@ def allowed(path: Path, engine: str) -> bool:
 
 def test_raw_engine_names_stay_in_their_module(registry: EngineRegistry) -> None:
     patterns = {
-        a.name: re.compile(
-            r"(?<![\w:])(" + "|".join(re.escape(n) for n in sorted(raw_names(a))) + r")(?![\w])"
-        )
+        a.name: re.compile(r"(?<![\w:])(" + "|".join(re.escape(n) for n in sorted(raw_names(a))) + r")(?![\w])")
         for a in registry
     }
     offenders = []

@@ -53,9 +53,7 @@ def scrape(addr: tuple[str, int]) -> str:
     return r.text
 
 
-def test_serves_canonical_then_flips_up_when_engine_stops(
-    registry: EngineRegistry, vllm_engine: ReplayServer
-) -> None:
+def test_serves_canonical_then_flips_up_when_engine_stops(registry: EngineRegistry, vllm_engine: ReplayServer) -> None:
     exporter = make_exporter(registry, TargetConfig(url=vllm_engine.url, name="vllm-0"))
     addr = exporter.start()
     try:
@@ -66,9 +64,7 @@ def test_serves_canonical_then_flips_up_when_engine_stops(
         vllm_engine.stop()
         text = scrape(addr)
         assert value(text, V.EXPORTER_UP.name, target="vllm-0") == 0.0
-        assert not has(text, V.REQUESTS_WAITING.name), (
-            "stale canonical series served after the engine stopped"
-        )
+        assert not has(text, V.REQUESTS_WAITING.name), "stale canonical series served after the engine stopped"
         assert not has(text, V.TIME_TO_FIRST_TOKEN.name + "_count")
         # the exporter itself keeps serving
         assert httpx.get(f"http://{addr[0]}:{addr[1]}/-/healthy", timeout=5).status_code == 200
@@ -116,9 +112,7 @@ def test_garbage_and_timeouts_are_down_not_fatal(
                 assert not has(text, V.PROMPT_TOKENS.name)
         failures = [r for r in caplog.records if "scrape failed" in r.getMessage()]
         assert len(failures) == 1, "an error must be logged once per state change, not per scrape"
-        assert ("timed out" if mode == "slow" else "did not return Prometheus text") in failures[
-            0
-        ].getMessage()
+        assert ("timed out" if mode == "slow" else "did not return Prometheus text") in failures[0].getMessage()
     finally:
         exporter.stop()
         server.shutdown()

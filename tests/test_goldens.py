@@ -34,9 +34,7 @@ def test_every_engine_has_fixtures() -> None:
 
 
 @pytest.mark.parametrize("case", CASES, ids=[_id(c) for c in CASES])
-def test_golden(
-    case: tuple[Path, str], registry: EngineRegistry, vocab: V.Vocabulary, update_goldens: bool
-) -> None:
+def test_golden(case: tuple[Path, str], registry: EngineRegistry, vocab: V.Vocabulary, update_goldens: bool) -> None:
     directory, payload = case
     out = translate_fixture(directory, payload, registry, vocab)
     golden = golden_path(directory, payload)
@@ -48,9 +46,7 @@ def test_golden(
 
 
 @pytest.mark.parametrize("case", CASES, ids=[_id(c) for c in CASES])
-def test_only_canonical_families(
-    case: tuple[Path, str], registry: EngineRegistry, vocab: V.Vocabulary
-) -> None:
+def test_only_canonical_families(case: tuple[Path, str], registry: EngineRegistry, vocab: V.Vocabulary) -> None:
     directory, payload = case
     out = translate_fixture(directory, payload, registry, vocab)
     canonical = {s.name.removesuffix("_total") for s in V.ALL_METRICS}
@@ -64,8 +60,6 @@ def test_promtool_check_metrics(
 ) -> None:
     directory, payload = case
     out = translate_fixture(directory, payload, registry, vocab)
-    proc = subprocess.run(
-        [promtool, "check", "metrics"], input=out, capture_output=True, text=True, check=False
-    )
+    proc = subprocess.run([promtool, "check", "metrics"], input=out, capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.strip() == "" and proc.stderr.strip() == "", proc.stdout + proc.stderr

@@ -56,9 +56,7 @@ def test_rebucket_exact_and_floor() -> None:
     assert counts == [0.0, 2.0, 5.0, 9.0] and not exact
 
 
-bounds = st.lists(
-    st.floats(min_value=1e-4, max_value=1e4, allow_nan=False), min_size=1, max_size=25, unique=True
-)
+bounds = st.lists(st.floats(min_value=1e-4, max_value=1e4, allow_nan=False), min_size=1, max_size=25, unique=True)
 
 
 @given(

@@ -79,8 +79,7 @@ def test_gen_c_full() -> None:
     assert snap.value(V.REQUESTS, outcome=V.OUTCOME_ABORT, **sel) == reasons["cancelled"]
     # timeouts and HTTP 5xx are errors; HTTP 400 validation errors are client errors, not counted
     assert (
-        snap.value(V.REQUESTS, outcome=V.OUTCOME_ERROR)
-        == reasons["timeout"] + f["request_errors_by_http_code"]["500"]
+        snap.value(V.REQUESTS, outcome=V.OUTCOME_ERROR) == reasons["timeout"] + f["request_errors_by_http_code"]["500"]
     )
     assert snap.value(V.PROMPT_TOKENS) == f["prompt_tokens_total"]
     assert snap.value(V.GENERATION_TOKENS) == f["generation_tokens_total"]
@@ -149,9 +148,6 @@ def test_serve_combines_prometheus_and_json(
     f = facts("json-iteration-stats")
     assert value(text, V.EXPORTER_UP.name, engine=V.ENGINE_TRTLLM) == 1.0
     assert value(text, V.TIME_TO_FIRST_TOKEN.name + "_count", model="llama") == facts("gen-a")["ttft_count"]
-    assert (
-        value(text, V.REQUESTS_RUNNING.name, model="llama")
-        == f["latest_after_first_poll"]["numActiveRequests"]
-    )
+    assert value(text, V.REQUESTS_RUNNING.name, model="llama") == f["latest_after_first_poll"]["numActiveRequests"]
     assert trtllm_gen_a_with_json.hits.get("/metrics", 0) >= 1
     assert has(text, V.KV_CACHE_CAPACITY.name)

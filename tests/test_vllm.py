@@ -19,12 +19,8 @@ REAL = ENGINE_FIXTURES / "vllm" / "0.32.0-cpu"
 FACTS = yaml.safe_load((REAL / "fixture.yaml").read_text())["facts"]
 
 
-def translate(
-    path: Path, model_override: str | None = None, extra_labels: dict[str, str] | None = None
-) -> Snapshot:
-    ctx = TranslateContext(
-        engine=V.ENGINE_VLLM, model_override=model_override, extra_labels=extra_labels or {}
-    )
+def translate(path: Path, model_override: str | None = None, extra_labels: dict[str, str] | None = None) -> Snapshot:
+    ctx = TranslateContext(engine=V.ENGINE_VLLM, model_override=model_override, extra_labels=extra_labels or {})
     return translate_text(vllm_engine.ADAPTER, path.read_text(), ctx)
 
 

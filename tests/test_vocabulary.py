@@ -42,9 +42,7 @@ def test_every_histogram_has_a_layout_and_unique_names() -> None:
             assert m.name.endswith("_total")
 
 
-@pytest.mark.parametrize(
-    ("bound", "text"), [(1, "1.0"), (0.5, "0.5"), (81.92, "81.92"), (float("inf"), "+Inf")]
-)
+@pytest.mark.parametrize(("bound", "text"), [(1, "1.0"), (0.5, "0.5"), (81.92, "81.92"), (float("inf"), "+Inf")])
 def test_format_le(bound: float, text: str) -> None:
     assert V.format_le(bound) == text
 

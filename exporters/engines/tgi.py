@@ -80,8 +80,7 @@ CURRENT_MAX_TOKENS = "tgi_batch_current_max_tokens"
 UNSUPPORTED = {
     V.TIME_TO_FIRST_TOKEN.key: "TGI has no time-to-first-token metric; per-request TTFT comes from its "
     "traces (collector). Left absent rather than estimated.",
-    V.REQUEST_PREFILL.key: "TGI records prefill time per batch step (tgi_batch_inference_duration), "
-    "not per request.",
+    V.REQUEST_PREFILL.key: "TGI records prefill time per batch step (tgi_batch_inference_duration), not per request.",
     V.REQUEST_DECODE.key: "TGI has no per-request decode time.",
     V.PREEMPTIONS.key: "TGI does not count preemptions.",
     V.PREFIX_CACHE_QUERIED_TOKENS.key: "TGI exposes no prefix-cache metric.",

@@ -47,9 +47,7 @@ ROWS: tuple[Row, ...] = (
         values={"http_code": HTTP_CODE},
     ),
     Row(V.TIME_TO_FIRST_TOKEN, ("trtllm_time_to_first_token_seconds", "time_to_first_token_seconds"), L),
-    Row(
-        V.TIME_PER_OUTPUT_TOKEN, ("trtllm_time_per_output_token_seconds", "time_per_output_token_seconds"), L
-    ),
+    Row(V.TIME_PER_OUTPUT_TOKEN, ("trtllm_time_per_output_token_seconds", "time_per_output_token_seconds"), L),
     Row(V.REQUEST_DURATION, ("trtllm_e2e_request_latency_seconds", "e2e_request_latency_seconds"), L),
     Row(
         V.REQUEST_QUEUE,
@@ -154,9 +152,7 @@ class IterationStatsAccumulator:
         """Take one JSON read (a list of iteration dicts); returns how many iterations were new."""
         new = 0
         with self._lock:
-            for item in sorted(
-                (s for s in stats if isinstance(s, dict)), key=lambda s: int(s.get("iter", 0))
-            ):
+            for item in sorted((s for s in stats if isinstance(s, dict)), key=lambda s: int(s.get("iter", 0))):
                 rank = int(item.get("attentionDpRank", 0) or 0)
                 it = int(item.get("iter", 0))
                 if it <= self.last_iter.get(rank, -1):
@@ -164,9 +160,7 @@ class IterationStatsAccumulator:
                 self.last_iter[rank] = it
                 self.latest[rank] = item
                 spec = item.get("specDecodingStats") or {}
-                self.draft_tokens[rank] = self.draft_tokens.get(rank, 0.0) + float(
-                    spec.get("numDraftTokens", 0)
-                )
+                self.draft_tokens[rank] = self.draft_tokens.get(rank, 0.0) + float(spec.get("numDraftTokens", 0))
                 self.accepted_tokens[rank] = self.accepted_tokens.get(rank, 0.0) + float(
                     spec.get("numAcceptedTokens", 0)
                 )

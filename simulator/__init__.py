@@ -1,0 +1,1 @@
+"""Simulated LLM engines (vLLM, TGI, trtllm-serve, Triton) for demos and tests; never needed in production."""

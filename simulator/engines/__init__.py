@@ -1,0 +1,1 @@
+"""One module per simulated engine, registered explicitly in simulator.server."""

@@ -1,0 +1,80 @@
+"""Build and run a simulated engine's HTTP app (``inferwatch simulate``)."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI, HTTPException
+from opentelemetry.sdk.trace.export import SpanExporter
+from pydantic import BaseModel
+
+from .base import SimSettings, SimulatedEngine
+from .profiles import PROFILES
+
+Factory = Callable[[SimulatedEngine], tuple[FastAPI, Any]]
+
+
+ENGINES = ("vllm", "tgi", "trtllm", "triton")
+"""The simulated engines, registered explicitly: each is ``simulator/engines/<name>.py`` with ``create``."""
+
+
+def engine_factory(name: str) -> Factory:
+    if name not in ENGINES:
+        raise ValueError(f"unknown engine {name!r}; known: {', '.join(ENGINES)}")
+    module = importlib.import_module(f"simulator.engines.{name}")
+    factory: Factory = module.create
+    return factory
+
+
+class ProfileChange(BaseModel):
+    profile: str
+
+
+def create_app(settings: SimSettings, span_exporter: SpanExporter | None = None) -> FastAPI:
+    """The simulated engine's app: its own API plus ``/simulator/profile`` to switch profiles live."""
+    factory = engine_factory(settings.engine)
+    engine = SimulatedEngine(settings, span_exporter=span_exporter)
+    app, sim = factory(engine)
+    app.state.engine = engine
+    app.state.sim = sim
+
+    @app.get("/simulator/profile")
+    async def get_profile() -> dict[str, Any]:
+        p = engine.profile
+        return {"profile": p.name, "description": p.description, "rps": p.rps, "profiles": sorted(PROFILES)}
+
+    @app.post("/simulator/profile")
+    async def set_profile(change: ProfileChange) -> dict[str, Any]:
+        try:
+            p = engine.set_profile(change.profile)
+        except KeyError as exc:
+            raise HTTPException(status_code=400, detail=str(exc.args[0])) from None
+        return {"profile": p.name, "description": p.description, "rps": p.rps}
+
+    @app.get("/simulator/state")
+    async def state() -> dict[str, Any]:
+        m = engine.model
+        return {
+            "engine": settings.engine,
+            "model": settings.model,
+            "profile": engine.profile.name,
+            "running": len(m.running),
+            "waiting": len(m.waiting),
+            "kv_usage": m.kv_usage,
+            "preemptions": m.preemptions_total,
+            "steps": m.step_count,
+            "load_sent": engine.load.sent,
+        }
+
+    return app
+
+
+def serve(settings: SimSettings) -> None:
+    """Run until interrupted (uvicorn handles SIGINT/SIGTERM and runs the lifespan shutdown)."""
+    app = create_app(settings)
+    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning", lifespan="on")
+    asyncio.run(uvicorn.Server(config).serve())

@@ -1,0 +1,168 @@
+"""Invariants of the serving model, driven in virtual time (fast and seeded)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from simulator.model import EngineParams, Finish, Sequence, ServingModel, StepReport
+from simulator.profiles import PROFILES
+from simulator.runtime import lognormal_int
+
+
+def run(
+    params: EngineParams, arrivals: list[tuple[float, int, int, int]], until: float = 600.0
+) -> tuple[ServingModel, list[Sequence], list[StepReport]]:
+    """Feed (time, prompt, max_tokens, output) arrivals; step until everything finished."""
+    model = ServingModel(params, random.Random(1))
+    seqs: list[Sequence] = []
+    reports: list[StepReport] = []
+    pending = sorted(arrivals)
+    now = 0.0
+    i = 0
+    while (i < len(pending) or not model.idle) and now < until:
+        while i < len(pending) and pending[i][0] <= now:
+            t, prompt, max_tokens, output = pending[i]
+            s = Sequence(f"r{i}", prompt, max_tokens, output, arrival=t)
+            model.add(s)
+            seqs.append(s)
+            i += 1
+        report = model.plan(now)
+        if report is None:
+            now = pending[i][0]
+            continue
+        done = model.complete()
+        reports.append(done)
+        assert 0 <= model.free_blocks <= params.num_blocks, "KV blocks over-allocated"
+        held = sum(s.blocks for s in model.running)
+        assert held == model.used_blocks, "blocks held by running sequences must equal used blocks"
+        assert all(s.blocks == 0 for s in model.waiting), "waiting sequences hold no KV"
+        now = done.end
+    return model, seqs, reports
+
+
+def poisson(rng: random.Random, rps: float, n: int, prompt: int, output: int) -> list[tuple[float, int, int, int]]:
+    t = 0.0
+    out = []
+    for _ in range(n):
+        t += rng.expovariate(rps)
+        p = lognormal_int(rng, prompt, 0.5, 4, 2000)
+        o = lognormal_int(rng, output, 0.5, 1, 2000)
+        out.append((t, p, 1024, o))
+    return out
+
+
+def test_tokens_conserved_and_everything_finishes() -> None:
+    params = EngineParams(num_blocks=256, max_num_seqs=16)
+    arrivals = poisson(random.Random(3), 8.0, 200, 200, 100)
+    model, seqs, reports = run(params, arrivals)
+    assert model.idle
+    assert all(s.finish in (Finish.STOP, Finish.LENGTH) for s in seqs)
+    for s in seqs:
+        assert s.generated == min(s.limit, params.max_model_len - s.prompt_tokens)
+        assert len(s.token_times) == s.generated
+        assert s.token_times == sorted(s.token_times)
+        assert s.arrival <= (s.first_scheduled or 0) <= (s.first_token or 0) <= (s.finished_at or 0)
+    assert sum(len(r.new_tokens) for r in reports) == sum(s.generated for s in seqs)
+    assert model.free_blocks == params.num_blocks
+
+
+def test_preemption_only_when_blocks_run_out() -> None:
+    roomy = EngineParams(num_blocks=100_000, max_num_seqs=32)
+    tight = EngineParams(num_blocks=120, max_num_seqs=32)
+    arrivals = poisson(random.Random(5), 20.0, 150, 300, 400)
+    model, _, reports = run(roomy, arrivals)
+    assert model.preemptions_total == 0
+    model, seqs, reports = run(tight, arrivals)
+    assert model.preemptions_total > 0
+    assert sum(len(r.preempted) for r in reports) == model.preemptions_total
+    assert sum(s.preemptions for s in seqs) == model.preemptions_total
+
+
+def test_max_num_seqs_and_budget_respected() -> None:
+    params = EngineParams(num_blocks=10_000, max_num_seqs=8, max_num_batched_tokens=512)
+    _, _, reports = run(params, poisson(random.Random(7), 30.0, 120, 600, 50))
+    for r in reports:
+        assert r.running <= params.max_num_seqs
+        assert r.prefill_tokens + r.decode_seqs <= params.max_num_batched_tokens
+    # chunked prefill: a 600-token prompt does not fit one 512-token step
+    assert any(r.prefill_tokens + r.decode_seqs == params.max_num_batched_tokens for r in reports)
+
+
+def test_littles_law_for_the_queue() -> None:
+    """Mean waiting ≈ arrival rate × mean queue time (over a long, stable run)."""
+    params = EngineParams(num_blocks=2048, max_num_seqs=8)
+    rate = 6.0
+    _, seqs, reports = run(params, poisson(random.Random(11), rate, 600, 150, 80), until=10_000)
+    horizon = reports[-1].end - reports[0].start
+    # time-average of the queue length, weighting each step by its duration
+    mean_waiting = sum(r.waiting * r.duration for r in reports) / horizon
+    mean_queue_time = sum(s.queue_time for s in seqs) / len(seqs)
+    lam = len(seqs) / horizon
+    assert mean_waiting == pytest.approx(lam * mean_queue_time, rel=0.25, abs=0.3)
+    assert rate * 0.5 < lam < rate * 1.5
+
+
+def test_prefix_cache_hits_skip_prefill() -> None:
+    params = EngineParams(num_blocks=4096)
+    model = ServingModel(params)
+    a = Sequence("a", 800, 4, 4, arrival=0.0, prefix_key="sys", prefix_tokens=700)
+    b = Sequence("b", 820, 4, 4, arrival=0.0, prefix_key="sys", prefix_tokens=700)
+    model.add(a)
+    now = 0.0
+    while not model.idle:
+        r = model.plan(now)
+        assert r is not None
+        now = model.complete().end
+    model.add(b)
+    hits = 0
+    while not model.idle:
+        r = model.plan(now)
+        assert r is not None
+        hits += r.prefix_hits
+        now = model.complete().end
+    assert a.cached_tokens == 0
+    assert b.cached_tokens == hits == 688  # 700 rounded down to full 16-token blocks
+
+
+def test_errors_and_aborts() -> None:
+    params = EngineParams(error_rate=1.0)
+    model = ServingModel(params)
+    s = Sequence("e", 10, 5, 5, arrival=0.0)
+    model.add(s)
+    r = model.plan(0.0)
+    assert r is not None
+    model.complete()
+    assert s.finish is Finish.ERROR and model.free_blocks == params.num_blocks
+    model = ServingModel(EngineParams())
+    s = Sequence("x", 10, 50, 50, arrival=0.0)
+    model.add(s)
+    model.plan(0.0)
+    model.complete()
+    model.abort(s, 1.0)
+    assert s.finish is Finish.ABORT and model.idle and model.free_blocks == model.params.num_blocks
+    with pytest.raises(ValueError, match="max_model_len"):
+        model.add(Sequence("big", 10_000, 5, 5, arrival=0.0))
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    blocks=st.integers(min_value=40, max_value=400),
+    seqs=st.integers(min_value=1, max_value=64),
+    seed=st.integers(min_value=0, max_value=10_000),
+)
+def test_invariants_hold_for_any_capacity(blocks: int, seqs: int, seed: int) -> None:
+    params = EngineParams(num_blocks=blocks, max_num_seqs=seqs, max_model_len=512)
+    rng = random.Random(seed)
+    arrivals = [(rng.uniform(0, 5), rng.randint(1, 400), rng.randint(1, 100), rng.randint(1, 100)) for _ in range(40)]
+    model, out, _ = run(params, arrivals, until=5_000)
+    assert model.idle
+    assert all(s.finish in (Finish.STOP, Finish.LENGTH) for s in out)
+
+
+def test_profiles_are_well_formed() -> None:
+    for name, p in PROFILES.items():
+        assert p.name == name and p.rps >= 0 and p.description

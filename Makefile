@@ -39,7 +39,7 @@ bench: $(STAMP) ## benchmarks (exit non-zero when a target ratio is missed)
 	$(PY) bench/exporter.py
 
 demo: $(STAMP) ## the exporter end to end on replayed engine payloads (no Docker, no engine)
-	$(PY) -m inferwatch demo
+	$(PY) -m inferwatch demo --duration 30
 
 goldens: $(STAMP) ## rewrite golden files after an intended change (review the diff!)
 	$(PY) -m pytest -q tests/test_goldens.py tests/test_coverage.py --update-goldens

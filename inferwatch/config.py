@@ -17,6 +17,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from . import vocabulary as V
 
 EngineChoice = Literal["auto", "vllm", "tgi", "trtllm", "triton"]
+SimEngine = Literal["vllm", "tgi", "trtllm", "triton"]
 _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*\Z")
 
 

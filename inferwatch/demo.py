@@ -1,137 +1,199 @@
-"""``inferwatch demo``: the exporter end to end on this machine, with no engine installed.
+"""``inferwatch demo``: a simulated fleet, an exporter beside each engine, and a live terminal view.
 
-Each engine fixture (a real vLLM capture; TGI, trtllm-serve and Triton payloads written from the
-engines' sources) is served by a local stand-in HTTP server on 127.0.0.1. One exporter process
-scrapes all of them, as Prometheus would make it do, and the demo prints a summary of what the
-exporter serves. Then the vLLM stand-in stops, and the next scrape shows the exporter reporting the
-target down while it keeps serving the others.
+Everything runs on this machine, on 127.0.0.1, as child processes of the demo: a simulated vLLM,
+TGI, trtllm-serve and Triton, each with built-in load, and one ``inferwatch exporter serve`` per
+engine. The view scrapes the exporters (never the simulators' internals) and computes what a
+dashboard would: request rate, TTFT and TPOT percentiles, running and waiting requests, KV usage and
+preemptions. Ctrl-C or ``--duration`` stops every process it started.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections import deque
+from dataclasses import dataclass, field
 from pathlib import Path
+from types import FrameType
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
+from rich.live import Live
 from rich.table import Table
 
 from . import vocabulary as V
-from .config import ExporterConfig, InferwatchSettings, TargetConfig
+from .quantile import Scrape
 
-DEMO_FIXTURES: tuple[tuple[str, str, dict[str, int]], ...] = (
-    ("vllm", "vllm/0.32.0-cpu", {}),
-    ("tgi", "tgi/3.3.7", {"max_batch_total_tokens": 16384}),
-    ("trtllm", "trtllm/gen-c", {}),
-    ("triton", "triton/25.03-trtllm", {}),
-)
-
-COLUMNS = (
-    ("requests", V.REQUESTS),
-    ("running", V.REQUESTS_RUNNING),
-    ("waiting", V.REQUESTS_WAITING),
-    ("KV usage", V.KV_CACHE_USAGE),
-    ("prompt tok", V.PROMPT_TOKENS),
-    ("gen tok", V.GENERATION_TOKENS),
-)
+ENGINES = (V.ENGINE_VLLM, V.ENGINE_TGI, V.ENGINE_TRTLLM, V.ENGINE_TRITON)
+WINDOW_SECONDS = 10.0
+TGI_KV_TOKENS = 16384  # the simulated TGI's KV capacity, which TGI itself never exposes
 
 
-def _summarise(text: str) -> dict[str, dict[str, float]]:
-    """target/engine -> column -> value, read back with prometheus_client's parser."""
-    per_engine: dict[str, dict[str, float]] = {}
-    up: dict[str, float] = {}
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            engine = s.labels.get(V.LABEL_ENGINE, "?")
-            if s.name == V.EXPORTER_UP.name:
-                up[s.labels.get(V.LABEL_TARGET, engine)] = s.value
-                continue
-            for title, spec in COLUMNS:
-                if s.name == spec.name:
-                    row = per_engine.setdefault(engine, {})
-                    row[title] = row.get(title, 0.0) + s.value
-            if s.name == V.TIME_TO_FIRST_TOKEN.name + "_count":
-                row = per_engine.setdefault(engine, {})
-                row["TTFT obs"] = row.get("TTFT obs", 0.0) + s.value
-    return {"__up__": up, **per_engine}
+@dataclass
+class Member:
+    """One simulated engine and the exporter beside it."""
+
+    engine: str
+    sim_port: int
+    exporter_port: int
+    history: deque[Scrape] = field(default_factory=lambda: deque(maxlen=64))
+
+    @property
+    def sim_url(self) -> str:
+        return f"http://127.0.0.1:{self.sim_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.exporter_port}/metrics"
+
+    def window(self) -> tuple[Scrape | None, Scrape | None]:
+        if not self.history:
+            return None, None
+        last = self.history[-1]
+        earlier = next((s for s in self.history if last.at - s.at <= WINDOW_SECONDS and s is not last), None)
+        return earlier, last
 
 
-def _table(summary: dict[str, dict[str, float]], title: str) -> Table:
-    table = Table(title=title)
-    table.add_column("target")
-    table.add_column("up")
-    for name in ("engine", *(t for t, _ in COLUMNS), "TTFT obs"):
-        table.add_column(name, justify="right")
-    for target, up in sorted(summary["__up__"].items()):
-        engine = target.split("-", 1)[0]
-        row = summary.get(engine, {}) if up else {}
-        cells = [f"{row[c]:g}" if c in row else "-" for c in (*(t for t, _ in COLUMNS), "TTFT obs")]
-        table.add_row(target, "[green]1[/]" if up else "[red]0[/]", engine, *cells)
+def free_ports(n: int, base: int) -> list[int]:
+    if base:
+        return list(range(base, base + n))
+    ports, socks = [], []
+    for _ in range(n):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        socks.append(s)
+        ports.append(s.getsockname()[1])
+    for s in socks:
+        s.close()
+    return ports
+
+
+def _fmt(value: float | None, unit: str = "", digits: int = 3) -> str:
+    if value is None:
+        return "-"
+    if unit == "s":
+        return f"{value * 1000:.0f} ms" if value < 1 else f"{value:.2f} s"
+    return f"{value:.{digits}g}{unit}"
+
+
+def view(members: list[Member], title: str) -> Table:
+    table = Table(title=title, title_justify="left")
+    for col in ("engine", "up", "req/s", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99", "running", "waiting",
+                "KV usage", "preempt/s"):  # fmt: skip
+        table.add_column(col, justify="left" if col == "engine" else "right")
+    for m in members:
+        earlier, last = m.window()
+        if last is None:
+            table.add_row(m.engine, "…", *["-"] * 9)
+            continue
+        table.add_row(
+            m.engine,
+            "[green]1[/]" if last.up else "[red]0[/]",
+            _fmt(last.rate(earlier, V.REQUESTS.name)),
+            _fmt(last.quantile(earlier, V.TIME_TO_FIRST_TOKEN, 0.5), "s"),
+            _fmt(last.quantile(earlier, V.TIME_TO_FIRST_TOKEN, 0.99), "s"),
+            _fmt(last.quantile(earlier, V.TIME_PER_OUTPUT_TOKEN, 0.5), "s"),
+            _fmt(last.quantile(earlier, V.TIME_PER_OUTPUT_TOKEN, 0.99), "s"),
+            _fmt(last.values.get(V.REQUESTS_RUNNING.name)),
+            _fmt(last.values.get(V.REQUESTS_WAITING.name)),
+            _fmt(last.gauges_max.get(V.KV_CACHE_USAGE.name), digits=2),
+            _fmt(last.rate(earlier, V.PREEMPTIONS.name)),
+        )
     return table
 
 
-def run_demo(fixtures: Path, settings: InferwatchSettings) -> int:
-    from exporters.engines import builtin_registry
-    from exporters.replay import ReplayServer, fixture_routes
-    from exporters.server import Exporter
-
-    console = Console()
-    if not console.is_terminal:
-        console = Console(width=150)
-    servers: dict[str, ReplayServer] = {}
-    targets = []
+def _scrape(client: httpx.Client, m: Member) -> None:
     try:
-        for engine, rel, extra in DEMO_FIXTURES:
-            directory = fixtures / rel
-            if not (directory / "fixture.yaml").exists():
-                console.print(f"[yellow]skipping {engine}: no fixture at {directory}[/]")
-                continue
-            _, routes = fixture_routes(directory)
-            server = ReplayServer(routes)
-            url = server.start()
-            servers[engine] = server
-            targets.append(
-                TargetConfig(
-                    url=url,
-                    name=f"{engine}-demo",
-                    engine=engine,
-                    max_batch_total_tokens=extra.get("max_batch_total_tokens"),
-                )
-            )
-            console.print(f"stand-in {engine:7} engine serving {rel} at {url}")
-        if not targets:
-            console.print("[red]no fixtures found; run from the repository root[/]")
-            return 1
-        exporter = Exporter(
-            config=ExporterConfig(listen="127.0.0.1:0", targets=targets),
-            registry=builtin_registry(),
-            vocabulary=settings.vocabulary(),
-        )
-        host, port = exporter.start()
-        url = f"http://{host}:{port}/metrics"
-        console.print(f"\nexporter serving {url}\n")
-        try:
-            text = httpx.get(url, timeout=30).text
-            lines = [ln for ln in text.splitlines() if ln and not ln.startswith("#")]
-            console.print(_table(_summarise(text), f"canonical series served: {len(lines)} samples"))
-            console.print("\nfirst lines of the canonical exposition:")
-            for ln in text.splitlines()[:5]:
-                console.print(f"  {ln}", highlight=False, markup=False, soft_wrap=True)
-            if "vllm" in servers:
-                servers.pop("vllm").stop()
-                console.print("\n[bold]vLLM stand-in stopped[/]; scraping the exporter again:\n")
-                text = httpx.get(url, timeout=30).text
-                console.print(_table(_summarise(text), "after the vLLM engine went away"))
-                console.print(
-                    f"\n{V.EXPORTER_UP.name} is 0 for the stopped target and its canonical series are gone; "
-                    "the other targets are unaffected."
-                )
-        finally:
-            exporter.stop()
+        text = client.get(m.metrics_url, timeout=5).text
+    except httpx.HTTPError:
+        return
+    m.history.append(Scrape.parse(text, time.monotonic()))
+
+
+def run_demo(duration: float | None, vllm_profile: str, speed: float, base_port: int) -> int:
+    console = Console()
+    ports = free_ports(2 * len(ENGINES), base_port)
+    members = [Member(e, ports[2 * i], ports[2 * i + 1]) for i, e in enumerate(ENGINES)]
+    logdir = Path(tempfile.mkdtemp(prefix="inferwatch-demo-"))
+    procs: list[subprocess.Popen[bytes]] = []
+    py = [sys.executable, "-m", "inferwatch"]
+    stopping = False
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        nonlocal stopping
+        stopping = True
+
+    old_int = signal.signal(signal.SIGINT, stop)
+    old_term = signal.signal(signal.SIGTERM, stop)
+    try:
+        for i, m in enumerate(members):
+            profile = vllm_profile if m.engine == V.ENGINE_VLLM else "steady"
+            sim = [*py, "simulate", "--engine", m.engine, "--port", str(m.sim_port), "--model",
+                   f"{m.engine}-demo", "--profile", profile, "--seed", str(i), "--speed", str(speed)]  # fmt: skip
+            exp = [*py, "exporter", "serve", "--target", m.sim_url, "--engine", m.engine, "--listen",
+                   f"127.0.0.1:{m.exporter_port}", "--log-level", "warning"]  # fmt: skip
+            if m.engine == V.ENGINE_TGI:
+                exp += ["--max-batch-total-tokens", str(TGI_KV_TOKENS)]
+            for name, cmd in ((f"{m.engine}-simulator", sim), (f"{m.engine}-exporter", exp)):
+                log = (logdir / f"{name}.log").open("wb")
+                procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+        table = Table(title="demo endpoints (curl them, or point Prometheus at the exporters)", title_justify="left")
+        for col in ("engine", "simulated engine", "exporter /metrics"):
+            table.add_column(col)
+        for m in members:
+            table.add_row(m.engine, m.sim_url, m.metrics_url)
+        console.print(table)
+        console.print(f"logs: {logdir}   profile of the simulated vLLM: {vllm_profile}   speed: {speed:g}x")
+        console.print("switch a profile live: curl -XPOST "
+                      f"{members[0].sim_url}/simulator/profile -H 'content-type: application/json' "
+                      "-d '{\"profile\": \"kv-pressure\"}'\n")  # fmt: skip
+        deadline = None if duration is None else time.monotonic() + duration
+        with httpx.Client() as client:
+            ready_by = time.monotonic() + 60
+            while not stopping and time.monotonic() < ready_by:
+                for m in members:
+                    _scrape(client, m)
+                if all(m.history and m.history[-1].up for m in members):
+                    break
+                if any(p.poll() is not None for p in procs):
+                    console.print(f"[red]a demo process exited early; see the logs in {logdir}[/]")
+                    return 1
+                time.sleep(0.5)
+            live = console.is_terminal
+            last_print = 0.0
+            with Live(view(members, "inferwatch demo"), console=console, refresh_per_second=2) if live else (
+                contextlib.nullcontext()
+            ) as display:  # fmt: skip
+                while not stopping and (deadline is None or time.monotonic() < deadline):
+                    for m in members:
+                        _scrape(client, m)
+                    title = f"inferwatch demo — last {WINDOW_SECONDS:g} s, read from the exporters"
+                    if display is not None:
+                        display.update(view(members, title))
+                    elif time.monotonic() - last_print >= 5:
+                        console.print(view(members, title))
+                        last_print = time.monotonic()
+                    time.sleep(1.0)
+            console.print(view(members, "final state (read from the exporters)"))
+        return 0
     finally:
-        for server in servers.values():
-            server.stop()
-    console.print(
-        "\nnext: point the exporter at a real engine with `inferwatch exporter serve --target http://HOST:PORT`"
-    )
-    return 0
+        signal.signal(signal.SIGINT, old_int)
+        signal.signal(signal.SIGTERM, old_term)
+        for p in procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGTERM)
+        end = time.monotonic() + 10
+        for p in procs:
+            try:
+                p.wait(timeout=max(0.1, end - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+        console.print(f"stopped {len(procs)} processes")

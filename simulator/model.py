@@ -41,9 +41,10 @@ class EngineParams:
     max_model_len: int = 4096
     max_num_batched_tokens: int = 2048
     enable_prefix_caching: bool = True
-    step_base: float = 0.006
-    step_per_prefill_token: float = 0.00003
-    step_per_decode_seq: float = 0.0003
+    # Calibrated on the real vLLM CPU run of tests/fixtures/engines/vllm/0.32.0-cpu (docs/simulator.md).
+    step_base: float = 0.0045
+    step_per_prefill_token: float = 0.00015
+    step_per_decode_seq: float = 0.0002
     decode_slowdown: float = 1.0
     """multiplies decode cost (a model too big for the GPU: slow TPOT)."""
     error_rate: float = 0.0

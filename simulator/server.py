@@ -13,6 +13,7 @@ from opentelemetry.sdk.trace.export import SpanExporter
 from pydantic import BaseModel
 
 from .base import SimSettings, SimulatedEngine
+from .model import EngineParams
 from .profiles import PROFILES
 
 Factory = Callable[[SimulatedEngine], tuple[FastAPI, Any]]
@@ -28,6 +29,12 @@ def engine_factory(name: str) -> Factory:
     module = importlib.import_module(f"simulator.engines.{name}")
     factory: Factory = module.create
     return factory
+
+
+def default_params(engine: str) -> EngineParams:
+    """Capacity of a simulated engine: about 16k KV tokens, in the engine's usual block size."""
+    block = {"vllm": 16, "tgi": 16, "trtllm": 32, "triton": 64}.get(engine, 16)
+    return EngineParams(block_size=block, num_blocks=16384 // block)
 
 
 class ProfileChange(BaseModel):

@@ -20,17 +20,12 @@ ENGINE_FIXTURES = ROOT / "tests" / "fixtures" / "engines"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addoption(
-        "--update-goldens", action="store_true", help="rewrite golden files instead of comparing"
-    )
+    parser.addoption("--update-goldens", action="store_true", help="rewrite golden files instead of comparing")
 
 
 @pytest.fixture
 def update_goldens(request: pytest.FixtureRequest) -> bool:
-    return (
-        bool(request.config.getoption("--update-goldens"))
-        or os.environ.get("INFERWATCH_UPDATE_GOLDENS") == "1"
-    )
+    return bool(request.config.getoption("--update-goldens")) or os.environ.get("INFERWATCH_UPDATE_GOLDENS") == "1"
 
 
 @pytest.fixture(scope="session")

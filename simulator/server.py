@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
-from collections.abc import Callable
+import signal
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import uvicorn
@@ -80,8 +82,24 @@ def create_app(settings: SimSettings, span_exporter: SpanExporter | None = None)
     return app
 
 
+class _Server(uvicorn.Server):
+    """uvicorn without its signal capture (which re-raises SIGTERM after shutdown): we stop it ourselves."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
 def serve(settings: SimSettings) -> None:
-    """Run until interrupted (uvicorn handles SIGINT/SIGTERM and runs the lifespan shutdown)."""
+    """Run until SIGINT or SIGTERM, then shut down cleanly (lifespan shutdown flushes spans) and exit 0."""
     app = create_app(settings)
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning", lifespan="on")
-    asyncio.run(uvicorn.Server(config).serve())
+    server = _Server(config)
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, lambda: setattr(server, "should_exit", True))
+        await server.serve()
+
+    asyncio.run(main())

@@ -245,9 +245,12 @@ class SimulatedEngine:
         if self.spans is not None:
             self.spans.shutdown()
 
-    def set_profile(self, name: str) -> Profile:
+    def set_profile(self, name: str, rps: float | None = None) -> Profile:
+        """Switch the load profile; ``rps`` overrides its rate (else ``--load``, else the profile's)."""
         profile = get_profile(name)
-        if self.settings.load is not None:
+        if rps is not None:
+            profile = profile.with_rps(rps)
+        elif self.settings.load is not None:
             profile = profile.with_rps(self.settings.load)
         self.profile = profile
         self.load.profile = profile

@@ -41,6 +41,7 @@ def default_params(engine: str) -> EngineParams:
 
 class ProfileChange(BaseModel):
     profile: str
+    rps: float | None = None
 
 
 def create_app(settings: SimSettings, span_exporter: SpanExporter | None = None) -> FastAPI:
@@ -59,7 +60,7 @@ def create_app(settings: SimSettings, span_exporter: SpanExporter | None = None)
     @app.post("/simulator/profile")
     async def set_profile(change: ProfileChange) -> dict[str, Any]:
         try:
-            p = engine.set_profile(change.profile)
+            p = engine.set_profile(change.profile, change.rps)
         except KeyError as exc:
             raise HTTPException(status_code=400, detail=str(exc.args[0])) from None
         return {"profile": p.name, "description": p.description, "rps": p.rps}

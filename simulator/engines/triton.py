@@ -1,0 +1,799 @@
+"""Simulated Triton Inference Server 25.03 (2.56.0) with the TensorRT-LLM C++ backend, ensemble deployment.
+
+The model repository is the TensorRT-LLM backend's ``inflight_batcher_llm`` ensemble: ``ensemble`` →
+``preprocessing`` (tokenizer, Python) → ``tensorrt_llm`` (the C++ ``tensorrtllm`` backend, decoupled)
+→ ``postprocessing`` (detokenizer, Python, one execution per streamed response), all version ``1``.
+
+Ports: a real Triton serves HTTP/REST on 8000, gRPC on 8001 and ``/metrics`` on 8002. The simulator
+serves the HTTP/REST API *and* ``/metrics`` on its one port (no gRPC).
+
+``/metrics`` reproduces Triton's prometheus-cpp exposition (sources: ``trtllm.md`` §3.1–3.2 and
+§3.5, and the catalog-faithful fixture ``tests/fixtures/engines/triton/25.03-trtllm``): the same
+families, HELP texts, types and label names, with counters before gauges before histograms, label
+names sorted (``le`` last), values printed with ``%.16g`` (integers without decimals), histograms
+as ``_count``, ``_sum``, then buckets, and every series created at model load. Series order inside
+a family is unspecified in prometheus-cpp; the fixture's order is used.
+
+How the serving model maps onto the TensorRT-LLM executor's iteration statistics (the backend copies
+the latest iteration's stats into the ``nv_trt_llm_*`` gauges), taken after each engine step:
+
+* ``scheduled`` (``numScheduledRequests``): sequences the step scheduled that are still in flight
+  after it (the in-flight batch); ``context`` the ones among them whose context phase ran in the step
+  (``numContextRequests``); ``generation_requests`` the rest.
+* ``active`` (``numActiveRequests``): requests the executor holds, ``running + waiting`` of the
+  serving model capped at ``max`` (``maxNumActiveRequests`` = ``max_num_seqs``; beyond it requests
+  stay in the executor queue, which the backend does not export).
+* ``waiting`` = ``active - scheduled``, exactly as the backend computes it (not a queue depth).
+* KV blocks from the model parameters and the step's used blocks; ``reused`` is the cumulative
+  number of prefix-cache blocks hit; ``fraction`` goes through ``std::to_string`` (6 decimals).
+* ``paused_requests`` = sequences preempted in the step; ``total_context_tokens`` = its prefill tokens.
+* Before the first iteration the capacity gauges (``max``, ``tokens_per``, ``free``) show the
+  configuration, the others 0, the timestamp the start time. Timestamps are simulated time.
+
+``nv_inference_*`` follow Triton core: each model reports once per request (``postprocessing`` once
+per response) at its final response; durations are cumulative microseconds; a failure bumps only the
+failure counter (``tensorrt_llm``: ``CANCELED`` for a client that went away, ``BACKEND`` for an
+engine error or a rejected prompt; the ensemble then reports ``OTHER``). ``preprocessing`` and
+``postprocessing`` get small synthetic durations (a few ms and well under 1 ms); the ensemble's
+compute durations are the sums of its composing models'. The built-in load goes through the
+ensemble as streaming requests.
+
+API: ``/v2`` (server metadata), ``/v2/health/{live,ready}``, ``/v2/models/<m>[/versions/1]`` (metadata,
+``/ready``), ``/v2/repository/index`` and the generate extension on the ensemble:
+``POST /v2/models/ensemble[/versions/1]/generate`` returns one JSON object with every ensemble output
+(keys sorted, ``text_output`` without the prompt as with ``exclude_input_in_output``);
+``generate_stream`` returns SSE ``data:`` events, one per token when the ``stream`` input is true, a
+single one otherwise. ``min_tokens`` is honoured. Errors are ``{"error": "..."}`` with status 400 (as
+the brief and older Triton releases do; newer releases map some error codes to 404/500/503). A request
+carrying ``endpoint-load-metrics-format: text|json`` gets Triton's ORCA ``endpoint-load-metrics`` header.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+
+from simulator.base import EngineMetrics, RequestHandle, SimulatedEngine, count_tokens
+from simulator.model import Finish, Sequence, StepReport
+
+VERSION = "2.56.0"
+"""Triton server version of the 25.03 container."""
+MODEL_VERSION = "1"
+EXTENSIONS = (
+    "classification", "sequence", "model_repository", "model_repository(unload_dependents)", "schedule_policy",
+    "model_configuration", "system_shared_memory", "cuda_shared_memory", "binary_tensor_data", "parameters",
+    "statistics", "trace", "logging",
+)  # fmt: skip
+
+ENSEMBLE = "ensemble"
+PREPROCESSING = "preprocessing"
+TENSORRT_LLM = "tensorrt_llm"
+POSTPROCESSING = "postprocessing"
+MODELS = (ENSEMBLE, TENSORRT_LLM, POSTPROCESSING, PREPROCESSING)
+"""The repository's models, in the fixture's series order."""
+DECOUPLED = (ENSEMBLE, TENSORRT_LLM)
+"""Models with the first-response histogram (core r25.03 creates it for decoupled models only)."""
+FAILURE_REASONS = ("REJECTED", "OTHER", "CANCELED", "BACKEND")
+BACKEND_FAILURE = "BACKEND"
+CANCELED_FAILURE = "CANCELED"
+GPU_UUID = "GPU-5fc2b0a4-3d1e-9f0b-62b7-2f0e94c4a1d3"
+FIRST_RESPONSE_BUCKETS = (100.0, 500.0, 2000.0, 5000.0)
+TOKEN_LEN_BUCKETS = (10.0, 50.0, 100.0, 500.0, 1000.0)
+LOAD_SECONDS = {ENSEMBLE: 0.000412803, TENSORRT_LLM: 47.201548113, POSTPROCESSING: 2.906316854,
+                PREPROCESSING: 3.172049117}  # fmt: skip
+
+# -- family names (Triton core metrics.cc, TensorRT-LLM custom_metrics_reporter.cc) ---------------
+REQUEST_SUCCESS = "nv_inference_request_success"
+REQUEST_FAILURE = "nv_inference_request_failure"
+INFERENCE_COUNT = "nv_inference_count"
+EXEC_COUNT = "nv_inference_exec_count"
+REQUEST_DURATION = "nv_inference_request_duration_us"
+QUEUE_DURATION = "nv_inference_queue_duration_us"
+COMPUTE_INPUT_DURATION = "nv_inference_compute_input_duration_us"
+COMPUTE_INFER_DURATION = "nv_inference_compute_infer_duration_us"
+COMPUTE_OUTPUT_DURATION = "nv_inference_compute_output_duration_us"
+ENERGY = "nv_energy_consumption"
+DISAGGREGATED = "nv_trt_llm_disaggregated_serving_metrics"
+PENDING = "nv_inference_pending_request_count"
+LOAD_DURATION = "nv_model_load_duration_secs"
+PINNED_TOTAL = "nv_pinned_memory_pool_total_bytes"
+PINNED_USED = "nv_pinned_memory_pool_used_bytes"
+GPU_UTILIZATION = "nv_gpu_utilization"
+GPU_MEMORY_TOTAL = "nv_gpu_memory_total_bytes"
+GPU_MEMORY_USED = "nv_gpu_memory_used_bytes"
+GPU_POWER_USAGE = "nv_gpu_power_usage"
+GPU_POWER_LIMIT = "nv_gpu_power_limit"
+CPU_UTILIZATION = "nv_cpu_utilization"
+CPU_MEMORY_TOTAL = "nv_cpu_memory_total_bytes"
+CPU_MEMORY_USED = "nv_cpu_memory_used_bytes"
+REQUEST_METRICS = "nv_trt_llm_request_metrics"
+RUNTIME_MEMORY = "nv_trt_llm_runtime_memory_metrics"
+KV_BLOCKS = "nv_trt_llm_kv_cache_block_metrics"
+INFLIGHT_BATCHER = "nv_trt_llm_inflight_batcher_metrics"
+GENERAL = "nv_trt_llm_general_metrics"
+FIRST_RESPONSE = "nv_inference_first_response_histogram_ms"
+OUTPUT_TOKEN_LEN = "nv_llm_output_token_len"
+INPUT_TOKEN_LEN = "nv_llm_input_token_len"
+
+DURATION_HELP = {
+    REQUEST_DURATION: "Cumulative inference request duration in microseconds (includes cached requests)",
+    QUEUE_DURATION: "Cumulative inference queuing duration in microseconds (includes cached requests)",
+    COMPUTE_INPUT_DURATION: "Cumulative compute input duration in microseconds (does not include cached requests)",
+    COMPUTE_INFER_DURATION: "Cumulative compute inference duration in microseconds (does not include cached requests)",
+    COMPUTE_OUTPUT_DURATION: "Cumulative inference compute output duration in microseconds (does not include cached "
+    "requests)",
+}
+TRTLLM_HELP = "TRT LLM response metrics"
+
+# Constant host/GPU facts (one H100 80GB, as in the fixture).
+RUNTIME_MEMORY_BYTES = {"pinned": 2952841216, "gpu": 16489553920, "cpu": 70416}
+GPU_MEMORY_TOTAL_BYTES = 85520809984
+GPU_MEMORY_USED_BYTES = 78912618496
+GPU_POWER_IDLE_W = 71.842
+GPU_POWER_BUSY_W = 412.317
+GPU_POWER_LIMIT_W = 700.0
+CPU_MEMORY_TOTAL_BYTES = 2164154155008
+CPU_MEMORY_USED_BYTES = 187443478528
+CPU_UTILIZATION_VALUE = 0.08372093023255814
+PINNED_POOL_BYTES = 268435456
+
+
+# -- the ensemble's models as the generate extension sees them --------------------------------------
+Tensor = tuple[str, str, list[int]]
+ENSEMBLE_INPUTS: tuple[Tensor, ...] = (
+    ("text_input", "BYTES", [-1, 1]), ("decoder_text_input", "BYTES", [-1, 1]), ("max_tokens", "INT32", [-1, 1]),
+    ("bad_words", "BYTES", [-1, -1]), ("stop_words", "BYTES", [-1, -1]), ("exclude_input_in_output", "BOOL", [-1, 1]),
+    ("end_id", "INT32", [-1, 1]), ("pad_id", "INT32", [-1, 1]), ("top_k", "INT32", [-1, 1]),
+    ("top_p", "FP32", [-1, 1]), ("temperature", "FP32", [-1, 1]), ("length_penalty", "FP32", [-1, 1]),
+    ("repetition_penalty", "FP32", [-1, 1]), ("min_tokens", "INT32", [-1, 1]), ("presence_penalty", "FP32", [-1, 1]),
+    ("frequency_penalty", "FP32", [-1, 1]), ("seed", "UINT64", [-1, 1]), ("return_log_probs", "BOOL", [-1, 1]),
+    ("return_context_logits", "BOOL", [-1, 1]), ("return_generation_logits", "BOOL", [-1, 1]),
+    ("beam_width", "INT32", [-1, 1]), ("stream", "BOOL", [-1, 1]), ("prompt_embedding_table", "FP16", [-1, -1, -1]),
+    ("prompt_vocab_size", "INT32", [-1, 1]), ("embedding_bias_words", "BYTES", [-1, -1]),
+    ("embedding_bias_weights", "FP32", [-1, -1]),
+)  # fmt: skip
+ENSEMBLE_REQUIRED = ("text_input", "max_tokens")
+ENSEMBLE_OUTPUTS: tuple[Tensor, ...] = (
+    ("text_output", "BYTES", [-1, -1]), ("cum_log_probs", "FP32", [-1, -1]), ("output_log_probs", "FP32", [-1, -1, -1]),
+    ("context_logits", "FP32", [-1, -1, -1]), ("generation_logits", "FP32", [-1, -1, -1, -1]),
+    ("batch_index", "INT32", [-1, 1]), ("sequence_index", "INT32", [-1, 1]),
+)  # fmt: skip
+MODEL_TENSORS: dict[str, tuple[str, tuple[Tensor, ...], tuple[Tensor, ...]]] = {
+    ENSEMBLE: ("ensemble", ENSEMBLE_INPUTS, ENSEMBLE_OUTPUTS),
+    PREPROCESSING: (
+        "python",
+        (("QUERY", "BYTES", [-1, 1]), ("DECODER_QUERY", "BYTES", [-1, 1]), ("REQUEST_OUTPUT_LEN", "INT32", [-1, 1]),
+         ("BAD_WORDS_DICT", "BYTES", [-1, -1]), ("STOP_WORDS_DICT", "BYTES", [-1, -1]),
+         ("END_ID", "INT32", [-1, 1]), ("PAD_ID", "INT32", [-1, 1])),
+        (("INPUT_ID", "INT32", [-1, -1]), ("REQUEST_INPUT_LEN", "INT32", [-1, 1]),
+         ("REQUEST_OUTPUT_LEN", "INT32", [-1, -1]), ("BAD_WORDS_IDS", "INT32", [-1, 2, -1]),
+         ("STOP_WORDS_IDS", "INT32", [-1, 2, -1]), ("OUT_END_ID", "INT32", [-1, 1]), ("OUT_PAD_ID", "INT32", [-1, 1])),
+    ),
+    TENSORRT_LLM: (
+        "tensorrtllm",
+        (("input_ids", "INT32", [-1, -1]), ("input_lengths", "INT32", [-1, 1]),
+         ("request_output_len", "INT32", [-1, 1]), ("end_id", "INT32", [-1, 1]), ("pad_id", "INT32", [-1, 1]),
+         ("streaming", "BOOL", [-1, 1]), ("beam_width", "INT32", [-1, 1]), ("min_tokens", "INT32", [-1, 1])),
+        (("output_ids", "INT32", [-1, -1, -1]), ("sequence_length", "INT32", [-1, -1]),
+         ("cum_log_probs", "FP32", [-1, -1]), ("output_log_probs", "FP32", [-1, -1, -1]),
+         ("context_logits", "FP32", [-1, -1, -1]), ("generation_logits", "FP32", [-1, -1, -1, -1]),
+         ("batch_index", "INT32", [-1, 1]), ("sequence_index", "INT32", [-1, 1])),
+    ),
+    POSTPROCESSING: (
+        "python",
+        (("TOKENS_BATCH", "INT32", [-1, -1, -1]), ("SEQUENCE_LENGTH", "INT32", [-1, -1]),
+         ("CUM_LOG_PROBS", "FP32", [-1, -1]), ("OUTPUT_LOG_PROBS", "FP32", [-1, -1, -1])),
+        (("OUTPUT", "BYTES", [-1, -1]), ("OUT_CUM_LOG_PROBS", "FP32", [-1, -1])),
+    ),
+}  # fmt: skip
+
+
+# -- prometheus-cpp text ------------------------------------------------------------------------------
+def fmt_value(v: float) -> str:
+    """prometheus-cpp's double formatting (``%.16g``): integers print without decimals."""
+    if math.isnan(v):
+        return "NaN"
+    if math.isinf(v):
+        return "+Inf" if v > 0 else "-Inf"
+    return format(v, ".16g")
+
+
+def to_string6(v: float) -> float:
+    """A double that went through C++ ``std::to_string`` (6 decimals) and back, as the backend does."""
+    return float(f"{v:.6f}")
+
+
+def _escape(v: str) -> str:
+    return v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+class Exposition:
+    """Writes families the way prometheus-cpp's text serializer does."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def family(self, name: str, kind: str, help_text: str) -> None:
+        self.lines.append(f"# HELP {name} {help_text}")
+        self.lines.append(f"# TYPE {name} {kind}")
+
+    def sample(self, name: str, labels: dict[str, str], value: float, le: str | None = None) -> None:
+        pairs = [f'{k}="{_escape(v)}"' for k, v in sorted(labels.items())]
+        if le is not None:
+            pairs.append(f'le="{le}"')
+        rendered = "{" + ",".join(pairs) + "}" if pairs else ""
+        self.lines.append(f"{name}{rendered} {fmt_value(value)}")
+
+    def histogram(self, name: str, labels: dict[str, str], hist: Histogram) -> None:
+        self.sample(f"{name}_count", labels, hist.count)
+        self.sample(f"{name}_sum", labels, hist.total)
+        cumulative = 0
+        for bound, n in zip(hist.bounds, hist.counts, strict=True):
+            cumulative += n
+            self.sample(f"{name}_bucket", labels, cumulative, le=fmt_value(bound))
+        self.sample(f"{name}_bucket", labels, hist.count, le="+Inf")
+
+    def text(self) -> str:
+        return "\n".join(self.lines) + "\n"
+
+
+@dataclass
+class Histogram:
+    """A prometheus-cpp histogram: per-bucket counts, cumulated when rendered."""
+
+    bounds: tuple[float, ...]
+    counts: list[int] = field(init=False)
+    count: int = 0
+    total: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.counts = [0] * len(self.bounds)
+
+    def observe(self, v: float) -> None:
+        self.count += 1
+        self.total += v
+        for i, bound in enumerate(self.bounds):
+            if v <= bound:
+                self.counts[i] += 1
+                break
+
+
+@dataclass
+class ModelStats:
+    """Triton core's per-model reporter (``metric_model_reporter.cc``)."""
+
+    success: int = 0
+    failure: dict[str, int] = field(default_factory=lambda: dict.fromkeys(FAILURE_REASONS, 0))
+    durations: dict[str, int] = field(default_factory=lambda: dict.fromkeys(DURATION_HELP, 0))
+    pending: int = 0
+    first_response: Histogram | None = None
+
+    def succeed(self, queue: int, compute_input: int, infer: int, output: int, request: int) -> None:
+        """One successful request; each counter grows by ``floor(ns / 1000)``."""
+        self.success += 1
+        d = self.durations
+        d[QUEUE_DURATION] += queue
+        d[COMPUTE_INPUT_DURATION] += compute_input
+        d[COMPUTE_INFER_DURATION] += infer
+        d[COMPUTE_OUTPUT_DURATION] += output
+        d[REQUEST_DURATION] += request
+
+
+@dataclass
+class Stage:
+    """One model execution's durations in µs (queue, compute input, infer, output, request)."""
+
+    queue: int
+    compute_input: int
+    infer: int
+    output: int
+    request: int
+
+
+@dataclass
+class Flow:
+    """One request's way through the ensemble (keyed by its engine sequence's id and index)."""
+
+    streaming: bool
+    pre: Stage
+    ens_queue: int
+    trt_queue: int
+    trt_input: int
+    trt_output: int
+    trt_overhead: int
+    post: list[Stage] = field(default_factory=list)
+    first_observed: bool = False
+
+
+class TritonMetrics(EngineMetrics):
+    """Triton core's model/GPU/CPU metrics plus the TensorRT-LLM backend's custom metrics."""
+
+    content_type = "text/plain; charset=utf-8"
+
+    def __init__(self, engine: SimulatedEngine) -> None:
+        super().__init__(engine)
+        p = engine.params
+        self.rng = random.Random(engine.settings.seed + 7)
+        self.models = {m: ModelStats() for m in MODELS}
+        for m in DECOUPLED:
+            self.models[m].first_response = Histogram(FIRST_RESPONSE_BUCKETS)
+        self.input_len = Histogram(TOKEN_LEN_BUCKETS)
+        self.output_len = Histogram(TOKEN_LEN_BUCKETS)
+        self.flows: dict[tuple[str, int], Flow] = {}
+        start = engine.clock.now()
+        self.requests: dict[str, float] = {"waiting": 0, "context": 0, "scheduled": 0, "max": p.max_num_seqs,
+                                           "active": 0}  # fmt: skip
+        self.kv: dict[str, float] = {"fraction": 0.0, "reused": 0, "tokens_per": p.block_size, "used": 0,
+                                     "free": p.num_blocks, "max": p.num_blocks}  # fmt: skip
+        self.batcher: dict[str, float] = {"paused_requests": 0, "micro_batch_id": 0, "generation_requests": 0,
+                                          "total_context_tokens": 0}  # fmt: skip
+        self.general: dict[str, float] = {"iteration_counter": 0, "timestamp": math.floor(start * 1e6)}
+        self.reused_blocks = 0
+        self.energy_joules = 0.0
+        self._energy_at = start
+        self.busy = False
+
+    # -- durations -----------------------------------------------------------------------------------
+    def _us(self, low: int, high: int) -> int:
+        return self.rng.randint(low, high)
+
+    def _stage(self, queue: tuple[int, int], compute_input: tuple[int, int], infer: int, out: tuple[int, int],
+               overhead: tuple[int, int]) -> Stage:  # fmt: skip
+        q, i, o = self._us(*queue), self._us(*compute_input), self._us(*out)
+        return Stage(q, i, infer, o, q + i + infer + o + self._us(*overhead))
+
+    def _preprocess(self, prompt_tokens: int) -> Stage:
+        """Tokenization: a few ms, growing with the prompt."""
+        infer = 1500 + int(prompt_tokens * 1.2) + self._us(0, 800)
+        return self._stage((60, 120), (25, 50), infer, (15, 30), (5, 12))
+
+    def _postprocess(self) -> Stage:
+        """Detokenization of one response: well under a millisecond."""
+        return self._stage((30, 70), (12, 26), self._us(400, 750), (10, 22), (5, 10))
+
+    # -- serving-model events -------------------------------------------------------------------------
+    def on_submit(self, seq: Sequence) -> None:
+        """The request went through ``preprocessing`` and reached ``tensorrt_llm``."""
+        pre = self._preprocess(seq.prompt_tokens)
+        self.models[PREPROCESSING].succeed(pre.queue, pre.compute_input, pre.infer, pre.output, pre.request)
+        self.flows[(seq.request_id, seq.seq_index)] = Flow(
+            streaming=True, pre=pre, ens_queue=self._us(2, 5), trt_queue=self._us(30, 60),
+            trt_input=self._us(90, 160), trt_output=self._us(12, 28), trt_overhead=self._us(5, 15),
+        )  # fmt: skip
+
+    def set_streaming(self, seq: Sequence, streaming: bool) -> None:
+        flow = self.flows.get((seq.request_id, seq.seq_index))
+        if flow is not None:
+            flow.streaming = streaming
+
+    def on_step(self, report: StepReport) -> None:
+        self._iteration_stats(report)
+        for seq in report.new_tokens:
+            flow = self.flows.get((seq.request_id, seq.seq_index))
+            if flow is None or not flow.streaming:
+                continue
+            flow.post.append(self._postprocess_response())
+            if not flow.first_observed:
+                self._first_response(flow, seq.ttft or 0.0)
+        for seq in report.finished:
+            self._finished(seq)
+
+    def _postprocess_response(self) -> Stage:
+        post = self._postprocess()
+        self.models[POSTPROCESSING].succeed(post.queue, post.compute_input, post.infer, post.output, post.request)
+        return post
+
+    def _first_response(self, flow: Flow, engine_seconds: float) -> None:
+        """Request start → first response, integer ms, for ``tensorrt_llm`` and the ensemble."""
+        flow.first_observed = True
+        trt_us = flow.trt_queue + flow.trt_input + engine_seconds * 1e6
+        trt_hist, ens_hist = self.models[TENSORRT_LLM].first_response, self.models[ENSEMBLE].first_response
+        assert trt_hist is not None and ens_hist is not None
+        trt_hist.observe(math.floor(trt_us / 1000))
+        post_us = flow.post[0].request if flow.post else 0
+        ens_hist.observe(math.floor((flow.ens_queue + flow.pre.request + trt_us + post_us) / 1000))
+
+    def _finished(self, seq: Sequence) -> None:
+        flow = self.flows.pop((seq.request_id, seq.seq_index), None)
+        if flow is None:
+            return
+        if seq.finish is Finish.ERROR:
+            self.fail(BACKEND_FAILURE)
+            return
+        if not flow.streaming:  # one response at the end: first and final at once
+            flow.post.append(self._postprocess_response())
+            self._first_response(flow, seq.e2e)
+        infer = math.floor(seq.e2e * 1e6)
+        trt = Stage(flow.trt_queue, flow.trt_input, infer, flow.trt_output,
+                    flow.trt_queue + flow.trt_input + infer + flow.trt_output + flow.trt_overhead)  # fmt: skip
+        self.models[TENSORRT_LLM].succeed(trt.queue, trt.compute_input, trt.infer, trt.output, trt.request)
+        # The ensemble's compute durations are the sums of its composing models' (ensemble_scheduler.cc),
+        # and its request duration covers them.
+        parts = [flow.pre, trt, *flow.post]
+        ens = Stage(flow.ens_queue, sum(s.compute_input for s in parts), sum(s.infer for s in parts),
+                    sum(s.output for s in parts), 0)  # fmt: skip
+        ens.request = ens.queue + ens.compute_input + ens.infer + ens.output + self._us(60, 200)
+        self.models[ENSEMBLE].succeed(ens.queue, ens.compute_input, ens.infer, ens.output, ens.request)
+        self.input_len.observe(seq.prompt_tokens)
+        self.output_len.observe(seq.generated)
+
+    def on_abort(self, seq: Sequence) -> None:
+        """The client went away: ``tensorrt_llm`` reports CANCELED, the ensemble OTHER."""
+        if self.flows.pop((seq.request_id, seq.seq_index), None) is not None:
+            self.fail(CANCELED_FAILURE)
+
+    def on_rejected(self, prompt_tokens: int) -> None:
+        """A prompt longer than the engine's max input length: tokenized, then refused by the executor."""
+        pre = self._preprocess(prompt_tokens)
+        self.models[PREPROCESSING].succeed(pre.queue, pre.compute_input, pre.infer, pre.output, pre.request)
+        self.fail(BACKEND_FAILURE)
+
+    def fail(self, reason: str) -> None:
+        self.models[TENSORRT_LLM].failure[reason] += 1
+        self.models[ENSEMBLE].failure["OTHER"] += 1
+
+    def _iteration_stats(self, report: StepReport) -> None:
+        """The backend's gauges from the executor's latest iteration stats."""
+        p = self.engine.params
+        in_flight = [s for s in report.scheduled if s.finish is None]
+        scheduled = len(in_flight)
+        context = sum(1 for s in in_flight if s.generated == 0 or s.first_token == report.end)
+        active = min(report.running + report.waiting, p.max_num_seqs)
+        active = max(active, scheduled)
+        self.requests.update(
+            active=active, max=p.max_num_seqs, scheduled=scheduled, context=context, waiting=active - scheduled
+        )
+        self.reused_blocks += report.prefix_hits // p.block_size
+        used = report.used_blocks
+        self.kv.update(
+            max=p.num_blocks,
+            used=used,
+            free=p.num_blocks - used,
+            tokens_per=p.block_size,
+            reused=self.reused_blocks,
+            fraction=to_string6(used / p.num_blocks),
+        )
+        self.batcher.update(
+            paused_requests=len(report.preempted),
+            micro_batch_id=0,
+            generation_requests=scheduled - context,
+            total_context_tokens=report.prefill_tokens,
+        )
+        self.general.update(iteration_counter=self.engine.model.step_count, timestamp=math.floor(report.end * 1e6))
+        self.busy = scheduled > 0
+
+    # -- exposition -----------------------------------------------------------------------------------
+    def _gpu(self) -> tuple[float, float]:
+        """(utilization, power in W) of the one GPU, from whether the last iteration had work."""
+        if not self.busy:
+            return 0.0, GPU_POWER_IDLE_W
+        util = min(0.99, 0.55 + 0.02 * self.requests["scheduled"])
+        return round(util, 2), GPU_POWER_BUSY_W
+
+    def render(self) -> str:
+        now = self.engine.clock.now()
+        util, power = self._gpu()
+        self.energy_joules += power * max(0.0, now - self._energy_at)
+        self._energy_at = now
+        out = Exposition()
+        mv = {m: {"model": m, "version": MODEL_VERSION} for m in MODELS}
+        trt = mv[TENSORRT_LLM]
+        gpu = {"gpu_uuid": GPU_UUID}
+
+        # counters
+        out.family(REQUEST_SUCCESS, "counter", "Number of successful inference requests, all batch sizes")
+        for m in MODELS:
+            out.sample(REQUEST_SUCCESS, mv[m], self.models[m].success)
+        out.family(REQUEST_FAILURE, "counter", "Number of failed inference requests, all batch sizes")
+        for m in MODELS:
+            for reason in FAILURE_REASONS:
+                out.sample(REQUEST_FAILURE, {**mv[m], "reason": reason}, self.models[m].failure[reason])
+        out.family(INFERENCE_COUNT, "counter", "Number of inferences performed (does not include cached requests)")
+        for m in MODELS:
+            out.sample(INFERENCE_COUNT, mv[m], self.models[m].success)
+        out.family(EXEC_COUNT, "counter", "Number of model executions performed (does not include cached requests)")
+        for m in MODELS:
+            out.sample(EXEC_COUNT, mv[m], self.models[m].success)
+        for name, help_text in DURATION_HELP.items():
+            out.family(name, "counter", help_text)
+            for m in MODELS:
+                out.sample(name, mv[m], self.models[m].durations[name])
+        out.family(ENERGY, "counter", "GPU energy consumption in joules since the Triton Server started")
+        out.sample(ENERGY, gpu, round(self.energy_joules, 3))
+        out.family(DISAGGREGATED, "counter", "TRT LLM disaggregated serving metrics")
+        for kind in ("request_count", "kv_cache_transfer_ms"):
+            out.sample(DISAGGREGATED, {**trt, "disaggregated_serving_type": kind}, 0)
+
+        # gauges
+        out.family(PENDING, "gauge", "Instantaneous number of pending requests awaiting execution per-model.")
+        for m in MODELS:
+            out.sample(PENDING, mv[m], self.models[m].pending)
+        out.family(LOAD_DURATION, "gauge", "Model load time in seconds")
+        for m in MODELS:
+            out.sample(LOAD_DURATION, mv[m], LOAD_SECONDS[m])
+        out.family(PINNED_TOTAL, "gauge", "Pinned memory pool total memory size, in bytes")
+        out.sample(PINNED_TOTAL, {}, PINNED_POOL_BYTES)
+        out.family(PINNED_USED, "gauge", "Pinned memory pool used memory size, in bytes")
+        out.sample(PINNED_USED, {}, 0)
+        out.family(GPU_UTILIZATION, "gauge", "GPU utilization rate [0.0 - 1.0)")
+        out.sample(GPU_UTILIZATION, gpu, util)
+        out.family(GPU_MEMORY_TOTAL, "gauge", "GPU total memory, in bytes")
+        out.sample(GPU_MEMORY_TOTAL, gpu, GPU_MEMORY_TOTAL_BYTES)
+        out.family(GPU_MEMORY_USED, "gauge", "GPU used memory, in bytes")
+        out.sample(GPU_MEMORY_USED, gpu, GPU_MEMORY_USED_BYTES)
+        out.family(GPU_POWER_USAGE, "gauge", "GPU power usage in watts")
+        out.sample(GPU_POWER_USAGE, gpu, power)
+        out.family(GPU_POWER_LIMIT, "gauge", "GPU power management limit in watts")
+        out.sample(GPU_POWER_LIMIT, gpu, GPU_POWER_LIMIT_W)
+        out.family(CPU_UTILIZATION, "gauge", "CPU utilization rate [0.0 - 1.0]")
+        out.sample(CPU_UTILIZATION, {}, CPU_UTILIZATION_VALUE)
+        out.family(CPU_MEMORY_TOTAL, "gauge", "CPU total memory (RAM), in bytes")
+        out.sample(CPU_MEMORY_TOTAL, {}, CPU_MEMORY_TOTAL_BYTES)
+        out.family(CPU_MEMORY_USED, "gauge", "CPU used memory (RAM), in bytes")
+        out.sample(CPU_MEMORY_USED, {}, CPU_MEMORY_USED_BYTES)
+        self._pivot(out, REQUEST_METRICS, "TRT LLM request metrics", "request_type", self.requests)
+        self._pivot(out, RUNTIME_MEMORY, "TRT LLM runtime memory metrics", "memory_type", RUNTIME_MEMORY_BYTES)
+        self._pivot(out, KV_BLOCKS, "TRT LLM KV cache block metrics", "kv_cache_block_type", self.kv)
+        self._pivot(out, INFLIGHT_BATCHER, "TRT LLM inflight_batcher-specific metrics",
+                    "inflight_batcher_specific_metric", self.batcher)  # fmt: skip
+        self._pivot(out, GENERAL, "General TRT LLM metrics", "general_type", self.general)
+
+        # histograms
+        out.family(FIRST_RESPONSE, "histogram", "Duration from request to first response in milliseconds")
+        for m in DECOUPLED:
+            hist = self.models[m].first_response
+            assert hist is not None
+            out.histogram(FIRST_RESPONSE, mv[m], hist)
+        out.family(OUTPUT_TOKEN_LEN, "histogram", TRTLLM_HELP)
+        out.histogram(OUTPUT_TOKEN_LEN, {**trt, "response_metric_type": "total_output_tokens"}, self.output_len)
+        out.family(INPUT_TOKEN_LEN, "histogram", TRTLLM_HELP)
+        out.histogram(INPUT_TOKEN_LEN, {**trt, "response_metric_type": "total_input_tokens"}, self.input_len)
+        return out.text()
+
+    @staticmethod
+    def _pivot(out: Exposition, name: str, help_text: str, label: str, values: dict[str, Any]) -> None:
+        """A backend family pivoted by its category label (gauges of the ``tensorrt_llm`` model)."""
+        out.family(name, "gauge", help_text)
+        for kind, value in values.items():
+            out.sample(name, {"model": TENSORRT_LLM, label: kind, "version": MODEL_VERSION}, float(value))
+
+
+class TritonSim:
+    """The simulated Triton server: KServe v2 HTTP API with the generate extension, and ``/metrics``."""
+
+    def __init__(self, engine: SimulatedEngine) -> None:
+        self.engine = engine
+        self.metrics = TritonMetrics(engine)
+        engine.add_observer(self.metrics)
+
+    # -- helpers ------------------------------------------------------------------------------------
+    def unknown_model(self, model: str, version: str | None) -> JSONResponse | None:
+        if model not in MODELS:
+            return _error(f"Request for unknown model: '{model}' is not found")
+        if version not in (None, "", MODEL_VERSION):
+            return _error(f"Request for unknown model: '{model}' version {version} is not found")
+        return None
+
+    def orca_header(self, request: Request) -> dict[str, str]:
+        """Triton's ORCA load report (``endpoint-load-metrics-format: text|json``) from the KV gauges."""
+        fmt = request.headers.get("endpoint-load-metrics-format", "").lower()
+        if fmt not in ("text", "json"):
+            return {}
+        kv = self.metrics.kv
+        usage = to_string6(kv["used"] / kv["max"]) if kv["max"] else 0.0
+        capacity = int(kv["max"] * kv["tokens_per"])
+        if fmt == "json":
+            body = json.dumps({"named_metrics": {"kv_cache_utilization": usage, "max_token_capacity": capacity}})
+            return {"endpoint-load-metrics": f"JSON {body}"}
+        return {
+            "endpoint-load-metrics": f"TEXT named_metrics.kv_cache_utilization={usage:.6f}, "
+            f"named_metrics.max_token_capacity={capacity}"
+        }
+
+    def response_object(self, text: str, tokens: int) -> dict[str, Any]:
+        """One ensemble response as the generate extension renders it (all outputs, keys sorted)."""
+        return {
+            "batch_index": 0, "context_logits": 0.0, "cum_log_probs": 0.0, "generation_logits": 0.0,
+            "model_name": ENSEMBLE, "model_version": MODEL_VERSION, "output_log_probs": [0.0] * tokens,
+            "sequence_end": False, "sequence_id": 0, "sequence_index": 0, "sequence_start": False,
+            "text_output": text,
+        }  # fmt: skip
+
+    def engine_error(self, seq: Sequence) -> str:
+        return (
+            f"in ensemble '{ENSEMBLE}', Executor failed process requestId {seq.request_id} due to the following "
+            "error: Encountered an error in forwardAsync function: [TensorRT-LLM][ERROR] Assertion failed: "
+            "simulated engine failure"
+        )
+
+    # -- API ----------------------------------------------------------------------------------------
+    def build_app(self) -> FastAPI:
+        app = FastAPI(title=f"simulated Triton {VERSION} (TensorRT-LLM backend)", lifespan=self.engine.lifespan)
+
+        @app.get("/metrics")
+        async def metrics() -> Response:
+            return PlainTextResponse(self.metrics.render(), media_type=TritonMetrics.content_type)
+
+        @app.get("/v2/health/live")
+        async def live() -> Response:
+            return Response(status_code=200)
+
+        @app.get("/v2/health/ready")
+        async def ready() -> Response:
+            return Response(status_code=200)
+
+        @app.get("/v2")
+        async def server_metadata() -> dict[str, Any]:
+            return {
+                "name": "triton",
+                "version": self.engine.settings.version or VERSION,
+                "extensions": list(EXTENSIONS),
+            }
+
+        @app.post("/v2/repository/index")
+        async def repository_index() -> list[dict[str, str]]:
+            return [{"name": m, "version": MODEL_VERSION, "state": "READY"} for m in sorted(MODELS)]
+
+        @app.get("/v2/models/{model}")
+        async def model_metadata(model: str) -> Response:
+            return self.model_metadata(model, None)
+
+        @app.get("/v2/models/{model}/versions/{version}")
+        async def model_version_metadata(model: str, version: str) -> Response:
+            return self.model_metadata(model, version)
+
+        @app.get("/v2/models/{model}/ready")
+        async def model_ready(model: str) -> Response:
+            return self.unknown_model(model, None) or Response(status_code=200)
+
+        @app.get("/v2/models/{model}/versions/{version}/ready")
+        async def model_version_ready(model: str, version: str) -> Response:
+            return self.unknown_model(model, version) or Response(status_code=200)
+
+        @app.post("/v2/models/{model}/generate")
+        async def generate(model: str, request: Request) -> Response:
+            return await self.generate(request, model, None, stream_endpoint=False)
+
+        @app.post("/v2/models/{model}/versions/{version}/generate")
+        async def generate_version(model: str, version: str, request: Request) -> Response:
+            return await self.generate(request, model, version, stream_endpoint=False)
+
+        @app.post("/v2/models/{model}/generate_stream")
+        async def generate_stream(model: str, request: Request) -> Response:
+            return await self.generate(request, model, None, stream_endpoint=True)
+
+        @app.post("/v2/models/{model}/versions/{version}/generate_stream")
+        async def generate_stream_version(model: str, version: str, request: Request) -> Response:
+            return await self.generate(request, model, version, stream_endpoint=True)
+
+        return app
+
+    def model_metadata(self, model: str, version: str | None) -> Response:
+        err = self.unknown_model(model, version)
+        if err is not None:
+            return err
+        platform, inputs, outputs = MODEL_TENSORS[model]
+
+        def tensors(items: Iterable[Tensor]) -> list[dict[str, Any]]:
+            return [{"name": n, "datatype": d, "shape": s} for n, d, s in items]
+
+        return JSONResponse(
+            {
+                "name": model,
+                "versions": [MODEL_VERSION],
+                "platform": platform,
+                "inputs": tensors(inputs),
+                "outputs": tensors(outputs),
+            }
+        )
+
+    async def generate(self, request: Request, model: str, version: str | None, stream_endpoint: bool) -> Response:
+        err = self.unknown_model(model, version)
+        if err is not None:
+            return err
+        try:
+            body = await request.json()
+        except ValueError:
+            return _error("failed to parse the request JSON buffer: Invalid value. at 0")
+        if not isinstance(body, dict):
+            return _error("generate request must be a JSON object")
+        fields = [k for k in body if k not in ("parameters", "id")]
+        if model != ENSEMBLE:
+            known = {t[0] for t in MODEL_TENSORS[model][1]}
+            stray = next((k for k in fields if k not in known), None)
+            if stray is not None:
+                return _error(f"[request id: <id_unknown>] unexpected inference input '{stray}' for model '{model}'")
+            return _error(f"[request id: <id_unknown>] model '{model}' takes token tensors, not generate text")
+        missing = [n for n in ENSEMBLE_REQUIRED if n not in body]
+        if missing:
+            return _error(
+                f"[request id: <id_unknown>] expected number of inputs between {len(ENSEMBLE_REQUIRED)} and "
+                f"{len(ENSEMBLE_INPUTS)} but got {len(fields)} inputs for model '{ENSEMBLE}'. Got input(s) "
+                f"{fields}, but missing required input(s) {missing}. Please provide all required input(s)."
+            )
+        text = body["text_input"]
+        if isinstance(text, list) and text:
+            text = text[0]
+        max_tokens = body["max_tokens"]
+        if isinstance(max_tokens, list) and max_tokens:
+            max_tokens = max_tokens[0]
+        if not isinstance(text, str) or not isinstance(max_tokens, int) or isinstance(max_tokens, bool):
+            return _error("Unable to parse 'data': text_input must be a string and max_tokens an integer")
+        eng = self.engine
+        limit = eng.params.max_model_len
+        prompt_tokens = count_tokens(text)
+        if prompt_tokens + 1 > limit:
+            self.metrics.on_rejected(prompt_tokens)
+            return _error(
+                f"in ensemble '{ENSEMBLE}', Executor failed process requestId {eng.next_id()} due to the following "
+                f"error: Encountered an error in forwardAsync function: [TensorRT-LLM][ERROR] Assertion failed: "
+                f"Prompt length ({prompt_tokens}) exceeds maximum input length ({limit - 1}). Set log level to info "
+                f"and check TRTGptModel logs for how maximum input length is set"
+            )
+        max_tokens = max(1, min(max_tokens, limit - prompt_tokens))  # the executor clamps to max_seq_len
+        streaming = bool(body.get("stream", False))
+        handle = eng.new_request(str(eng.next_id()), prompt_tokens, max_tokens)
+        seq = handle.seqs[0]
+        min_tokens = body.get("min_tokens")
+        if isinstance(min_tokens, int) and not isinstance(min_tokens, bool):
+            seq.output_tokens = max(seq.output_tokens, min_tokens)
+        self.metrics.set_streaming(seq, streaming)
+        headers = self.orca_header(request)
+        if not stream_endpoint:
+            try:
+                await handle.wait()
+            finally:
+                self._release(handle)
+            if seq.finish is Finish.ERROR:
+                return _error(self.engine_error(seq))
+            return JSONResponse(self.response_object(handle.text(seq), seq.generated), headers=headers)
+        return StreamingResponse(
+            self._stream(handle, streaming), media_type="text/event-stream; charset=utf-8", headers=headers
+        )
+
+    async def _stream(self, handle: RequestHandle, streaming: bool) -> AsyncIterator[bytes]:
+        """generate_stream: one SSE ``data:`` event per response (per token when ``stream`` is true)."""
+        seq = handle.seqs[0]
+        try:
+            if streaming:
+                index = 0
+                async for s, kind in handle.events():
+                    if kind == "token":
+                        yield _sse(self.response_object(self.engine.token_text(s, index), 1))
+                        index += 1
+                    elif s.finish is Finish.ERROR:
+                        yield _sse({"error": self.engine_error(s)})
+            else:
+                await handle.wait()
+                if seq.finish is Finish.ERROR:
+                    yield _sse({"error": self.engine_error(seq)})
+                else:
+                    yield _sse(self.response_object(handle.text(seq), seq.generated))
+        finally:
+            self._release(handle)  # the client went away mid-stream (no-op when finished)
+
+    def _release(self, handle: RequestHandle) -> None:
+        handle.abort()
+        for s in handle.seqs:
+            if s.finish is Finish.ABORT:
+                self.metrics.on_abort(s)
+
+
+def _sse(obj: dict[str, Any]) -> bytes:
+    return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n".encode()
+
+
+def _error(message: str, status: int = 400) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status)
+
+
+def create(engine: SimulatedEngine) -> tuple[FastAPI, TritonSim]:
+    sim = TritonSim(engine)
+    return sim.build_app(), sim

@@ -266,7 +266,7 @@ class SimulatedEngine:
     def output_len(self, max_tokens: int, ignore_eos: bool) -> int:
         """How many tokens a sequence generates before EOS (the profile's distribution)."""
         if ignore_eos:
-            return max_tokens
+            return max_tokens + 1  # never emits EOS: it stops at max_tokens (finish reason "length")
         p = self.profile
         return lognormal_int(self.rng, p.output_mean, p.output_sigma, 1, 4 * max(p.output_mean, 1))
 

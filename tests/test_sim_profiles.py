@@ -17,6 +17,7 @@ from simulator.server import create_app, default_params
 
 SPEED = 25.0
 SIM_SECONDS = 40.0
+METRICS_PATH = {"trtllm": "/prometheus/metrics"}
 
 
 def run_profile(profile: str, engine: str = "vllm", switch_to: str | None = None) -> tuple[Snapshot, Snapshot]:
@@ -25,8 +26,11 @@ def run_profile(profile: str, engine: str = "vllm", switch_to: str | None = None
     s = SimSettings(engine=engine, model="m", profile=profile, speed=SPEED, seed=3, params=params)
     adapter = builtin_registry().get(engine)
 
+    path = METRICS_PATH.get(engine, "/metrics")
+    ctx = TranslateContext(engine=engine, options={"max_batch_total_tokens": params.num_blocks * params.block_size})
+
     def canon(text: str) -> Snapshot:
-        return translate_text(adapter, text, TranslateContext(engine=engine))
+        return translate_text(adapter, text, ctx)
 
     async def main() -> tuple[Snapshot, Snapshot]:
         app = create_app(s)
@@ -34,12 +38,12 @@ def run_profile(profile: str, engine: str = "vllm", switch_to: str | None = None
             transport = httpx.ASGITransport(app=app)
             async with httpx.AsyncClient(transport=transport, base_url="http://sim") as client:
                 await asyncio.sleep(SIM_SECONDS / SPEED)
-                first = canon((await client.get("/metrics")).text)
+                first = canon((await client.get(path)).text)
                 if switch_to:
                     r = await client.post("/simulator/profile", json={"profile": switch_to})
                     assert r.status_code == 200
                 await asyncio.sleep(SIM_SECONDS / SPEED)
-                return first, canon((await client.get("/metrics")).text)
+                return first, canon((await client.get(path)).text)
 
     return asyncio.run(main())
 
@@ -101,3 +105,12 @@ def test_switching_profile_at_runtime_resolves() -> None:
     first, later = run_profile("kv-pressure", switch_to="steady")
     assert first.value(V.PREEMPTIONS) > 0
     assert later.value(V.REQUESTS) > first.value(V.REQUESTS)
+
+
+@pytest.mark.parametrize("engine", ["tgi", "trtllm", "triton"])
+def test_every_engine_moves_under_pressure(engine: str) -> None:
+    """Through each engine's own dialect and the exporter: traffic flows, and kv-pressure fills the cache."""
+    first, later = run_profile("kv-pressure", engine=engine)
+    assert later.value(V.REQUESTS) > first.value(V.REQUESTS) > 0
+    assert later.value(V.GENERATION_TOKENS) > first.value(V.GENERATION_TOKENS)
+    assert max(first.value(V.KV_CACHE_USAGE), later.value(V.KV_CACHE_USAGE)) > 0.5

@@ -313,9 +313,18 @@ def simulate(
     params.max_num_seqs = max_num_seqs
     params.max_model_len = max_model_len
     settings = SimSettings(
-        engine=engine, model=model, host=host, port=port, profile=profile, load=load,
-        otlp_endpoint=otlp_endpoint, otlp_protocol=otlp_protocol, seed=seed, speed=speed, params=params,
-    )  # fmt: skip
+        engine=engine,
+        model=model,
+        host=host,
+        port=port,
+        profile=profile,
+        load=load,
+        otlp_endpoint=otlp_endpoint,
+        otlp_protocol=otlp_protocol,
+        seed=seed,
+        speed=speed,
+        params=params,
+    )
     err.print(f"simulated {engine} serving http://{host}:{port} (model {model}, profile {profile}, speed {speed:g}x)")
     serve(settings)
 

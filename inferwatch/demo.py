@@ -84,8 +84,19 @@ def _fmt(value: float | None, unit: str = "", digits: int = 3) -> str:
 
 def view(members: list[Member], title: str) -> Table:
     table = Table(title=title, title_justify="left")
-    for col in ("engine", "up", "req/s", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99", "running", "waiting",
-                "KV usage", "preempt/s"):  # fmt: skip
+    for col in (
+        "engine",
+        "up",
+        "req/s",
+        "TTFT p50",
+        "TTFT p99",
+        "TPOT p50",
+        "TPOT p99",
+        "running",
+        "waiting",
+        "KV usage",
+        "preempt/s",
+    ):
         table.add_column(col, justify="left" if col == "engine" else "right")
     for m in members:
         earlier, last = m.window()
@@ -134,10 +145,35 @@ def run_demo(duration: float | None, vllm_profile: str, speed: float, base_port:
     try:
         for i, m in enumerate(members):
             profile = vllm_profile if m.engine == V.ENGINE_VLLM else "steady"
-            sim = [*py, "simulate", "--engine", m.engine, "--port", str(m.sim_port), "--model",
-                   f"{m.engine}-demo", "--profile", profile, "--seed", str(i), "--speed", str(speed)]  # fmt: skip
-            exp = [*py, "exporter", "serve", "--target", m.sim_url, "--engine", m.engine, "--listen",
-                   f"127.0.0.1:{m.exporter_port}", "--log-level", "warning"]  # fmt: skip
+            sim = [
+                *py,
+                "simulate",
+                "--engine",
+                m.engine,
+                "--port",
+                str(m.sim_port),
+                "--model",
+                f"{m.engine}-demo",
+                "--profile",
+                profile,
+                "--seed",
+                str(i),
+                "--speed",
+                str(speed),
+            ]
+            exp = [
+                *py,
+                "exporter",
+                "serve",
+                "--target",
+                m.sim_url,
+                "--engine",
+                m.engine,
+                "--listen",
+                f"127.0.0.1:{m.exporter_port}",
+                "--log-level",
+                "warning",
+            ]
             if m.engine == V.ENGINE_TGI:
                 exp += ["--max-batch-total-tokens", str(TGI_KV_TOKENS)]
             for name, cmd in ((f"{m.engine}-simulator", sim), (f"{m.engine}-exporter", exp)):
@@ -150,9 +186,11 @@ def run_demo(duration: float | None, vllm_profile: str, speed: float, base_port:
             table.add_row(m.engine, m.sim_url, m.metrics_url)
         console.print(table)
         console.print(f"logs: {logdir}   profile of the simulated vLLM: {vllm_profile}   speed: {speed:g}x")
-        console.print("switch a profile live: curl -XPOST "
-                      f"{members[0].sim_url}/simulator/profile -H 'content-type: application/json' "
-                      "-d '{\"profile\": \"kv-pressure\"}'\n")  # fmt: skip
+        console.print(
+            "switch a profile live: curl -XPOST "
+            f"{members[0].sim_url}/simulator/profile -H 'content-type: application/json' "
+            '-d \'{"profile": "kv-pressure"}\'\n'
+        )
         deadline = None if duration is None else time.monotonic() + duration
         with httpx.Client() as client:
             ready_by = time.monotonic() + 60
@@ -167,9 +205,11 @@ def run_demo(duration: float | None, vllm_profile: str, speed: float, base_port:
                 time.sleep(0.5)
             live = console.is_terminal
             last_print = 0.0
-            with Live(view(members, "inferwatch demo"), console=console, refresh_per_second=2) if live else (
-                contextlib.nullcontext()
-            ) as display:  # fmt: skip
+            with (
+                Live(view(members, "inferwatch demo"), console=console, refresh_per_second=2)
+                if live
+                else (contextlib.nullcontext()) as display
+            ):
                 while not stopping and (deadline is None or time.monotonic() < deadline):
                     for m in members:
                         _scrape(client, m)

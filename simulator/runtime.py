@@ -20,6 +20,9 @@ from typing import Protocol
 from .model import EngineParams, Sequence, ServingModel, StepReport
 from .profiles import Profile
 
+TIMER_SLACK = 0.003
+"""Wall seconds the engine may run ahead of the clock before it sleeps (asyncio timers are ~1 ms)."""
+
 
 @dataclass
 class SimClock:
@@ -74,14 +77,27 @@ class EngineLoop:
         self.model.abort(seq, self.clock.now())
 
     async def _run(self) -> None:
+        """Steps run back to back in simulated time while the engine is busy.
+
+        The loop sleeps only when the engine is ahead of the (scaled) wall clock by more than the
+        timer's granularity, and aims a little early: otherwise each step would cost at least one
+        timer tick of wall time, which at high ``speed`` inflates every simulated latency.
+        """
         assert self._wake is not None
+        engine_t = self.clock.now()
         while True:
-            report = self.model.plan(self.clock.now())
+            report = self.model.plan(max(engine_t, self.clock.now()))
             if report is None:
                 self._wake.clear()
                 await self._wake.wait()
+                engine_t = self.clock.now()
                 continue
-            await self.clock.sleep_until(report.end)
+            ahead = (report.end - self.clock.now()) / self.clock.speed
+            if ahead > TIMER_SLACK:
+                await asyncio.sleep(ahead - TIMER_SLACK / 2)
+            else:
+                await asyncio.sleep(0)
+            engine_t = report.end
             done = self.model.complete()
             for obs in self.observers:
                 obs.on_step(done)

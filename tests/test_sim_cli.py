@@ -25,10 +25,25 @@ def free_port() -> int:
 def test_simulate_serves_and_switches_profile() -> None:
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "inferwatch", "simulate", "--engine", "vllm", "--port", str(port), "--model", "m",
-         "--speed", "5"],  # fmt: skip
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "inferwatch",
+            "simulate",
+            "--engine",
+            "vllm",
+            "--port",
+            str(port),
+            "--model",
+            "m",
+            "--speed",
+            "5",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 30
@@ -55,8 +70,11 @@ def test_simulate_serves_and_switches_profile() -> None:
 def test_simulate_help_and_profiles() -> None:
     out = subprocess.run(
         [sys.executable, "-m", "inferwatch", "simulate", "--engine", "tgi", "--list-profiles"],
-        cwd=ROOT, capture_output=True, text=True, check=True,
-    )  # fmt: skip
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     for name in ("steady", "kv-pressure", "queue-buildup", "long-prompts", "slow-decode", "errors", "prefix-heavy"):
         assert name in out.stdout
 
@@ -64,8 +82,12 @@ def test_simulate_help_and_profiles() -> None:
 def test_demo_runs_the_fleet_and_stops_everything() -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "inferwatch", "demo", "--duration", "12", "--profile", "kv-pressure", "--speed", "3"],
-        cwd=ROOT, capture_output=True, text=True, timeout=180, env={**os.environ, "COLUMNS": "200"},
-    )  # fmt: skip
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**os.environ, "COLUMNS": "200"},
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     final = proc.stdout.split("final state")[-1]
     rows = {ln.split("│")[1].strip(): ln for ln in final.splitlines() if ln.count("│") > 5}

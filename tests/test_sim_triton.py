@@ -87,11 +87,19 @@ async def cancelled_stream(app: Any, body: dict[str, Any], keep: int) -> list[di
 
     path = f"{ENSEMBLE}/generate_stream"
     scope = {
-        "type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1", "method": "POST",
-        "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
+        "type": "http",
+        "asgi": {"version": "3.0", "spec_version": "2.3"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "root_path": "",
         "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())],
-        "client": ("127.0.0.1", 40000), "server": ("sim", 80),
-    }  # fmt: skip
+        "client": ("127.0.0.1", 40000),
+        "server": ("sim", 80),
+    }
     await asyncio.wait_for(app(scope, receive, send), timeout=30)
     return events(b"".join(received).decode())
 
@@ -236,8 +244,9 @@ def test_generate_and_generate_stream_shapes() -> None:
         assert len(out["output_log_probs"]) == 12
         assert list(out) == sorted(out)
 
-        r = await client.post(f"{ENSEMBLE}/versions/1/generate_stream", json={**body, "max_tokens": 9, "min_tokens": 9,
-                                                                               "stream": True})  # fmt: skip
+        r = await client.post(
+            f"{ENSEMBLE}/versions/1/generate_stream", json={**body, "max_tokens": 9, "min_tokens": 9, "stream": True}
+        )
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
         streamed = events(r.text)
         assert len(streamed) == 9, "one SSE event per generated token"
@@ -291,8 +300,7 @@ def test_exporter_follows_concurrent_requests() -> None:
     assert 200 <= prompt_tokens <= 500, "a few requests fill the 64 blocks of 16 tokens"
 
     async def fn(client: httpx.AsyncClient, app: Any) -> dict[str, Any]:
-        seen: dict[str, Any] = {"idle": (await client.get("/metrics")).text, "running": 0.0, "waiting": 0.0,
-                                "kv": 0.0}  # fmt: skip
+        seen: dict[str, Any] = {"idle": (await client.get("/metrics")).text, "running": 0.0, "waiting": 0.0, "kv": 0.0}
         body = {"text_input": prompt, "max_tokens": 40, "min_tokens": 40}
         tasks = [asyncio.create_task(client.post(f"{ENSEMBLE}/generate", json=body)) for _ in range(n)]
         while not all(t.done() for t in tasks):

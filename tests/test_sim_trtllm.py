@@ -87,8 +87,13 @@ def workload() -> tuple[str, list[dict[str, Any]]]:
         async with sim_client() as client:
             await chat(client, "first question", max_tokens=40)
             await chat(client, "second question", max_tokens=40)  # reuses the system prompt's blocks
-            body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 12, "stream": True,
-                    "stream_options": {"include_usage": True}}  # fmt: skip
+            body = {
+                "model": MODEL,
+                "prompt": "Once upon a time",
+                "max_tokens": 12,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+            }
             assert (await client.post("/v1/completions", json=body)).status_code == 200
             bad = await client.post("/v1/chat/completions", json={"messages": []})
             assert bad.status_code == 400 and "validation error" in bad.json()["error"]
@@ -242,9 +247,12 @@ def test_official_openai_client() -> None:
         assert r.usage is not None and r.usage.completion_tokens <= 5 and r.choices[0].message.content
 
         stream = client.chat.completions.create(
-            model=MODEL, messages=[{"role": "user", "content": "hello"}], max_tokens=9, stream=True,
+            model=MODEL,
+            messages=[{"role": "user", "content": "hello"}],
+            max_tokens=9,
+            stream=True,
             stream_options={"include_usage": True},
-        )  # fmt: skip
+        )
         chunks = list(stream)
         with_content = [ch for ch in chunks if ch.choices and ch.choices[0].delta.content]
         usage = chunks[-1].usage

@@ -67,10 +67,20 @@ VERSION = "2.56.0"
 """Triton server version of the 25.03 container."""
 MODEL_VERSION = "1"
 EXTENSIONS = (
-    "classification", "sequence", "model_repository", "model_repository(unload_dependents)", "schedule_policy",
-    "model_configuration", "system_shared_memory", "cuda_shared_memory", "binary_tensor_data", "parameters",
-    "statistics", "trace", "logging",
-)  # fmt: skip
+    "classification",
+    "sequence",
+    "model_repository",
+    "model_repository(unload_dependents)",
+    "schedule_policy",
+    "model_configuration",
+    "system_shared_memory",
+    "cuda_shared_memory",
+    "binary_tensor_data",
+    "parameters",
+    "statistics",
+    "trace",
+    "logging",
+)
 
 ENSEMBLE = "ensemble"
 PREPROCESSING = "preprocessing"
@@ -86,8 +96,12 @@ CANCELED_FAILURE = "CANCELED"
 GPU_UUID = "GPU-5fc2b0a4-3d1e-9f0b-62b7-2f0e94c4a1d3"
 FIRST_RESPONSE_BUCKETS = (100.0, 500.0, 2000.0, 5000.0)
 TOKEN_LEN_BUCKETS = (10.0, 50.0, 100.0, 500.0, 1000.0)
-LOAD_SECONDS = {ENSEMBLE: 0.000412803, TENSORRT_LLM: 47.201548113, POSTPROCESSING: 2.906316854,
-                PREPROCESSING: 3.172049117}  # fmt: skip
+LOAD_SECONDS = {
+    ENSEMBLE: 0.000412803,
+    TENSORRT_LLM: 47.201548113,
+    POSTPROCESSING: 2.906316854,
+    PREPROCESSING: 3.172049117,
+}
 
 # -- family names (Triton core metrics.cc, TensorRT-LLM custom_metrics_reporter.cc) ---------------
 REQUEST_SUCCESS = "nv_inference_request_success"
@@ -148,51 +162,100 @@ PINNED_POOL_BYTES = 268435456
 # -- the ensemble's models as the generate extension sees them --------------------------------------
 Tensor = tuple[str, str, list[int]]
 ENSEMBLE_INPUTS: tuple[Tensor, ...] = (
-    ("text_input", "BYTES", [-1, 1]), ("decoder_text_input", "BYTES", [-1, 1]), ("max_tokens", "INT32", [-1, 1]),
-    ("bad_words", "BYTES", [-1, -1]), ("stop_words", "BYTES", [-1, -1]), ("exclude_input_in_output", "BOOL", [-1, 1]),
-    ("end_id", "INT32", [-1, 1]), ("pad_id", "INT32", [-1, 1]), ("top_k", "INT32", [-1, 1]),
-    ("top_p", "FP32", [-1, 1]), ("temperature", "FP32", [-1, 1]), ("length_penalty", "FP32", [-1, 1]),
-    ("repetition_penalty", "FP32", [-1, 1]), ("min_tokens", "INT32", [-1, 1]), ("presence_penalty", "FP32", [-1, 1]),
-    ("frequency_penalty", "FP32", [-1, 1]), ("seed", "UINT64", [-1, 1]), ("return_log_probs", "BOOL", [-1, 1]),
-    ("return_context_logits", "BOOL", [-1, 1]), ("return_generation_logits", "BOOL", [-1, 1]),
-    ("beam_width", "INT32", [-1, 1]), ("stream", "BOOL", [-1, 1]), ("prompt_embedding_table", "FP16", [-1, -1, -1]),
-    ("prompt_vocab_size", "INT32", [-1, 1]), ("embedding_bias_words", "BYTES", [-1, -1]),
+    ("text_input", "BYTES", [-1, 1]),
+    ("decoder_text_input", "BYTES", [-1, 1]),
+    ("max_tokens", "INT32", [-1, 1]),
+    ("bad_words", "BYTES", [-1, -1]),
+    ("stop_words", "BYTES", [-1, -1]),
+    ("exclude_input_in_output", "BOOL", [-1, 1]),
+    ("end_id", "INT32", [-1, 1]),
+    ("pad_id", "INT32", [-1, 1]),
+    ("top_k", "INT32", [-1, 1]),
+    ("top_p", "FP32", [-1, 1]),
+    ("temperature", "FP32", [-1, 1]),
+    ("length_penalty", "FP32", [-1, 1]),
+    ("repetition_penalty", "FP32", [-1, 1]),
+    ("min_tokens", "INT32", [-1, 1]),
+    ("presence_penalty", "FP32", [-1, 1]),
+    ("frequency_penalty", "FP32", [-1, 1]),
+    ("seed", "UINT64", [-1, 1]),
+    ("return_log_probs", "BOOL", [-1, 1]),
+    ("return_context_logits", "BOOL", [-1, 1]),
+    ("return_generation_logits", "BOOL", [-1, 1]),
+    ("beam_width", "INT32", [-1, 1]),
+    ("stream", "BOOL", [-1, 1]),
+    ("prompt_embedding_table", "FP16", [-1, -1, -1]),
+    ("prompt_vocab_size", "INT32", [-1, 1]),
+    ("embedding_bias_words", "BYTES", [-1, -1]),
     ("embedding_bias_weights", "FP32", [-1, -1]),
-)  # fmt: skip
+)
 ENSEMBLE_REQUIRED = ("text_input", "max_tokens")
 ENSEMBLE_OUTPUTS: tuple[Tensor, ...] = (
-    ("text_output", "BYTES", [-1, -1]), ("cum_log_probs", "FP32", [-1, -1]), ("output_log_probs", "FP32", [-1, -1, -1]),
-    ("context_logits", "FP32", [-1, -1, -1]), ("generation_logits", "FP32", [-1, -1, -1, -1]),
-    ("batch_index", "INT32", [-1, 1]), ("sequence_index", "INT32", [-1, 1]),
-)  # fmt: skip
+    ("text_output", "BYTES", [-1, -1]),
+    ("cum_log_probs", "FP32", [-1, -1]),
+    ("output_log_probs", "FP32", [-1, -1, -1]),
+    ("context_logits", "FP32", [-1, -1, -1]),
+    ("generation_logits", "FP32", [-1, -1, -1, -1]),
+    ("batch_index", "INT32", [-1, 1]),
+    ("sequence_index", "INT32", [-1, 1]),
+)
 MODEL_TENSORS: dict[str, tuple[str, tuple[Tensor, ...], tuple[Tensor, ...]]] = {
     ENSEMBLE: ("ensemble", ENSEMBLE_INPUTS, ENSEMBLE_OUTPUTS),
     PREPROCESSING: (
         "python",
-        (("QUERY", "BYTES", [-1, 1]), ("DECODER_QUERY", "BYTES", [-1, 1]), ("REQUEST_OUTPUT_LEN", "INT32", [-1, 1]),
-         ("BAD_WORDS_DICT", "BYTES", [-1, -1]), ("STOP_WORDS_DICT", "BYTES", [-1, -1]),
-         ("END_ID", "INT32", [-1, 1]), ("PAD_ID", "INT32", [-1, 1])),
-        (("INPUT_ID", "INT32", [-1, -1]), ("REQUEST_INPUT_LEN", "INT32", [-1, 1]),
-         ("REQUEST_OUTPUT_LEN", "INT32", [-1, -1]), ("BAD_WORDS_IDS", "INT32", [-1, 2, -1]),
-         ("STOP_WORDS_IDS", "INT32", [-1, 2, -1]), ("OUT_END_ID", "INT32", [-1, 1]), ("OUT_PAD_ID", "INT32", [-1, 1])),
+        (
+            ("QUERY", "BYTES", [-1, 1]),
+            ("DECODER_QUERY", "BYTES", [-1, 1]),
+            ("REQUEST_OUTPUT_LEN", "INT32", [-1, 1]),
+            ("BAD_WORDS_DICT", "BYTES", [-1, -1]),
+            ("STOP_WORDS_DICT", "BYTES", [-1, -1]),
+            ("END_ID", "INT32", [-1, 1]),
+            ("PAD_ID", "INT32", [-1, 1]),
+        ),
+        (
+            ("INPUT_ID", "INT32", [-1, -1]),
+            ("REQUEST_INPUT_LEN", "INT32", [-1, 1]),
+            ("REQUEST_OUTPUT_LEN", "INT32", [-1, -1]),
+            ("BAD_WORDS_IDS", "INT32", [-1, 2, -1]),
+            ("STOP_WORDS_IDS", "INT32", [-1, 2, -1]),
+            ("OUT_END_ID", "INT32", [-1, 1]),
+            ("OUT_PAD_ID", "INT32", [-1, 1]),
+        ),
     ),
     TENSORRT_LLM: (
         "tensorrtllm",
-        (("input_ids", "INT32", [-1, -1]), ("input_lengths", "INT32", [-1, 1]),
-         ("request_output_len", "INT32", [-1, 1]), ("end_id", "INT32", [-1, 1]), ("pad_id", "INT32", [-1, 1]),
-         ("streaming", "BOOL", [-1, 1]), ("beam_width", "INT32", [-1, 1]), ("min_tokens", "INT32", [-1, 1])),
-        (("output_ids", "INT32", [-1, -1, -1]), ("sequence_length", "INT32", [-1, -1]),
-         ("cum_log_probs", "FP32", [-1, -1]), ("output_log_probs", "FP32", [-1, -1, -1]),
-         ("context_logits", "FP32", [-1, -1, -1]), ("generation_logits", "FP32", [-1, -1, -1, -1]),
-         ("batch_index", "INT32", [-1, 1]), ("sequence_index", "INT32", [-1, 1])),
+        (
+            ("input_ids", "INT32", [-1, -1]),
+            ("input_lengths", "INT32", [-1, 1]),
+            ("request_output_len", "INT32", [-1, 1]),
+            ("end_id", "INT32", [-1, 1]),
+            ("pad_id", "INT32", [-1, 1]),
+            ("streaming", "BOOL", [-1, 1]),
+            ("beam_width", "INT32", [-1, 1]),
+            ("min_tokens", "INT32", [-1, 1]),
+        ),
+        (
+            ("output_ids", "INT32", [-1, -1, -1]),
+            ("sequence_length", "INT32", [-1, -1]),
+            ("cum_log_probs", "FP32", [-1, -1]),
+            ("output_log_probs", "FP32", [-1, -1, -1]),
+            ("context_logits", "FP32", [-1, -1, -1]),
+            ("generation_logits", "FP32", [-1, -1, -1, -1]),
+            ("batch_index", "INT32", [-1, 1]),
+            ("sequence_index", "INT32", [-1, 1]),
+        ),
     ),
     POSTPROCESSING: (
         "python",
-        (("TOKENS_BATCH", "INT32", [-1, -1, -1]), ("SEQUENCE_LENGTH", "INT32", [-1, -1]),
-         ("CUM_LOG_PROBS", "FP32", [-1, -1]), ("OUTPUT_LOG_PROBS", "FP32", [-1, -1, -1])),
+        (
+            ("TOKENS_BATCH", "INT32", [-1, -1, -1]),
+            ("SEQUENCE_LENGTH", "INT32", [-1, -1]),
+            ("CUM_LOG_PROBS", "FP32", [-1, -1]),
+            ("OUTPUT_LOG_PROBS", "FP32", [-1, -1, -1]),
+        ),
         (("OUTPUT", "BYTES", [-1, -1]), ("OUT_CUM_LOG_PROBS", "FP32", [-1, -1])),
     ),
-}  # fmt: skip
+}
 
 
 # -- prometheus-cpp text ------------------------------------------------------------------------------
@@ -328,12 +391,27 @@ class TritonMetrics(EngineMetrics):
         self.output_len = Histogram(TOKEN_LEN_BUCKETS)
         self.flows: dict[tuple[str, int], Flow] = {}
         start = engine.clock.now()
-        self.requests: dict[str, float] = {"waiting": 0, "context": 0, "scheduled": 0, "max": p.max_num_seqs,
-                                           "active": 0}  # fmt: skip
-        self.kv: dict[str, float] = {"fraction": 0.0, "reused": 0, "tokens_per": p.block_size, "used": 0,
-                                     "free": p.num_blocks, "max": p.num_blocks}  # fmt: skip
-        self.batcher: dict[str, float] = {"paused_requests": 0, "micro_batch_id": 0, "generation_requests": 0,
-                                          "total_context_tokens": 0}  # fmt: skip
+        self.requests: dict[str, float] = {
+            "waiting": 0,
+            "context": 0,
+            "scheduled": 0,
+            "max": p.max_num_seqs,
+            "active": 0,
+        }
+        self.kv: dict[str, float] = {
+            "fraction": 0.0,
+            "reused": 0,
+            "tokens_per": p.block_size,
+            "used": 0,
+            "free": p.num_blocks,
+            "max": p.num_blocks,
+        }
+        self.batcher: dict[str, float] = {
+            "paused_requests": 0,
+            "micro_batch_id": 0,
+            "generation_requests": 0,
+            "total_context_tokens": 0,
+        }
         self.general: dict[str, float] = {"iteration_counter": 0, "timestamp": math.floor(start * 1e6)}
         self.reused_blocks = 0
         self.energy_joules = 0.0
@@ -344,8 +422,14 @@ class TritonMetrics(EngineMetrics):
     def _us(self, low: int, high: int) -> int:
         return self.rng.randint(low, high)
 
-    def _stage(self, queue: tuple[int, int], compute_input: tuple[int, int], infer: int, out: tuple[int, int],
-               overhead: tuple[int, int]) -> Stage:  # fmt: skip
+    def _stage(
+        self,
+        queue: tuple[int, int],
+        compute_input: tuple[int, int],
+        infer: int,
+        out: tuple[int, int],
+        overhead: tuple[int, int],
+    ) -> Stage:
         q, i, o = self._us(*queue), self._us(*compute_input), self._us(*out)
         return Stage(q, i, infer, o, q + i + infer + o + self._us(*overhead))
 
@@ -364,9 +448,14 @@ class TritonMetrics(EngineMetrics):
         pre = self._preprocess(seq.prompt_tokens)
         self.models[PREPROCESSING].succeed(pre.queue, pre.compute_input, pre.infer, pre.output, pre.request)
         self.flows[(seq.request_id, seq.seq_index)] = Flow(
-            streaming=True, pre=pre, ens_queue=self._us(2, 5), trt_queue=self._us(30, 60),
-            trt_input=self._us(90, 160), trt_output=self._us(12, 28), trt_overhead=self._us(5, 15),
-        )  # fmt: skip
+            streaming=True,
+            pre=pre,
+            ens_queue=self._us(2, 5),
+            trt_queue=self._us(30, 60),
+            trt_input=self._us(90, 160),
+            trt_output=self._us(12, 28),
+            trt_overhead=self._us(5, 15),
+        )
 
     def set_streaming(self, seq: Sequence, streaming: bool) -> None:
         flow = self.flows.get((seq.request_id, seq.seq_index))
@@ -411,14 +500,24 @@ class TritonMetrics(EngineMetrics):
             flow.post.append(self._postprocess_response())
             self._first_response(flow, seq.e2e)
         infer = math.floor(seq.e2e * 1e6)
-        trt = Stage(flow.trt_queue, flow.trt_input, infer, flow.trt_output,
-                    flow.trt_queue + flow.trt_input + infer + flow.trt_output + flow.trt_overhead)  # fmt: skip
+        trt = Stage(
+            flow.trt_queue,
+            flow.trt_input,
+            infer,
+            flow.trt_output,
+            flow.trt_queue + flow.trt_input + infer + flow.trt_output + flow.trt_overhead,
+        )
         self.models[TENSORRT_LLM].succeed(trt.queue, trt.compute_input, trt.infer, trt.output, trt.request)
         # The ensemble's compute durations are the sums of its composing models' (ensemble_scheduler.cc),
         # and its request duration covers them.
         parts = [flow.pre, trt, *flow.post]
-        ens = Stage(flow.ens_queue, sum(s.compute_input for s in parts), sum(s.infer for s in parts),
-                    sum(s.output for s in parts), 0)  # fmt: skip
+        ens = Stage(
+            flow.ens_queue,
+            sum(s.compute_input for s in parts),
+            sum(s.infer for s in parts),
+            sum(s.output for s in parts),
+            0,
+        )
         ens.request = ens.queue + ens.compute_input + ens.infer + ens.output + self._us(60, 200)
         self.models[ENSEMBLE].succeed(ens.queue, ens.compute_input, ens.infer, ens.output, ens.request)
         self.input_len.observe(seq.prompt_tokens)
@@ -541,8 +640,13 @@ class TritonMetrics(EngineMetrics):
         self._pivot(out, REQUEST_METRICS, "TRT LLM request metrics", "request_type", self.requests)
         self._pivot(out, RUNTIME_MEMORY, "TRT LLM runtime memory metrics", "memory_type", RUNTIME_MEMORY_BYTES)
         self._pivot(out, KV_BLOCKS, "TRT LLM KV cache block metrics", "kv_cache_block_type", self.kv)
-        self._pivot(out, INFLIGHT_BATCHER, "TRT LLM inflight_batcher-specific metrics",
-                    "inflight_batcher_specific_metric", self.batcher)  # fmt: skip
+        self._pivot(
+            out,
+            INFLIGHT_BATCHER,
+            "TRT LLM inflight_batcher-specific metrics",
+            "inflight_batcher_specific_metric",
+            self.batcher,
+        )
         self._pivot(out, GENERAL, "General TRT LLM metrics", "general_type", self.general)
 
         # histograms
@@ -600,11 +704,19 @@ class TritonSim:
     def response_object(self, text: str, tokens: int) -> dict[str, Any]:
         """One ensemble response as the generate extension renders it (all outputs, keys sorted)."""
         return {
-            "batch_index": 0, "context_logits": 0.0, "cum_log_probs": 0.0, "generation_logits": 0.0,
-            "model_name": ENSEMBLE, "model_version": MODEL_VERSION, "output_log_probs": [0.0] * tokens,
-            "sequence_end": False, "sequence_id": 0, "sequence_index": 0, "sequence_start": False,
+            "batch_index": 0,
+            "context_logits": 0.0,
+            "cum_log_probs": 0.0,
+            "generation_logits": 0.0,
+            "model_name": ENSEMBLE,
+            "model_version": MODEL_VERSION,
+            "output_log_probs": [0.0] * tokens,
+            "sequence_end": False,
+            "sequence_id": 0,
+            "sequence_index": 0,
+            "sequence_start": False,
             "text_output": text,
-        }  # fmt: skip
+        }
 
     def engine_error(self, seq: Sequence) -> str:
         return (

@@ -95,14 +95,94 @@ SCHEDULED_BATCH_SIZE = P + "scheduled_batch_size"
 REQUEST_SUCCESS = P + "request_success_total"
 REQUEST_ERROR = P + "request_error_total"
 
-LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
-                   240.0, 480.0, 960.0, 1920.0, 7680.0)  # fmt: skip
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
-                20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)  # fmt: skip
-TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
-                40.0, 80.0)  # fmt: skip
-PREFILL_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0,
-                   160.0, 640.0, 2560.0)  # fmt: skip
+LATENCY_BUCKETS = (
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+)
+TTFT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+)
+TPOT_BUCKETS = (
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+PREFILL_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+)
 CACHED_TOKENS_BUCKETS = (0.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0)
 PREFILL_BATCH_BUCKETS = (64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0, 32768.0)
 
@@ -110,28 +190,43 @@ _KEPT = "Resets only when the serving process restarts, not when the KV cache is
 # (exposed name, type, HELP, buckets); counters are listed under their exposed ``_total`` name.
 CATALOG: tuple[tuple[str, str, str, tuple[float, ...]], ...] = (
     (P + "request_success_total", "counter", "Count of successfully processed requests.", ()),
-    (P + "e2e_request_latency_seconds", "histogram", "Histogram of end to end request latency in seconds.",
-     LATENCY_BUCKETS),
+    (
+        P + "e2e_request_latency_seconds",
+        "histogram",
+        "Histogram of end to end request latency in seconds.",
+        LATENCY_BUCKETS,
+    ),
     (P + "time_to_first_token_seconds", "histogram", "Histogram of time to first token in seconds.", TTFT_BUCKETS),
-    (P + "time_per_output_token_seconds", "histogram", "Histogram of time per output token in seconds.",
-     TPOT_BUCKETS),
-    (P + "request_queue_time_seconds", "histogram", "Histogram of time spent in WAITING phase for request.",
-     LATENCY_BUCKETS),
-    (P + "request_prefill_time_seconds", "histogram",
-     "Histogram of prefill (context) phase duration in seconds (first_token_time - first_scheduled_time).",
-     PREFILL_BUCKETS),
-    (P + "request_decode_time_seconds", "histogram",
-     "Histogram of decode (generation) phase duration in seconds (last_token_time - first_token_time).",
-     LATENCY_BUCKETS),
-    (P + "request_inference_time_seconds", "histogram",
-     "Histogram of total inference duration in seconds (last_token_time - first_scheduled_time).",
-     LATENCY_BUCKETS),
+    (P + "time_per_output_token_seconds", "histogram", "Histogram of time per output token in seconds.", TPOT_BUCKETS),
+    (
+        P + "request_queue_time_seconds",
+        "histogram",
+        "Histogram of time spent in WAITING phase for request.",
+        LATENCY_BUCKETS,
+    ),
+    (
+        P + "request_prefill_time_seconds",
+        "histogram",
+        "Histogram of prefill (context) phase duration in seconds (first_token_time - first_scheduled_time).",
+        PREFILL_BUCKETS,
+    ),
+    (
+        P + "request_decode_time_seconds",
+        "histogram",
+        "Histogram of decode (generation) phase duration in seconds (last_token_time - first_token_time).",
+        LATENCY_BUCKETS,
+    ),
+    (
+        P + "request_inference_time_seconds",
+        "histogram",
+        "Histogram of total inference duration in seconds (last_token_time - first_scheduled_time).",
+        LATENCY_BUCKETS,
+    ),
     (P + "prompt_tokens_total", "counter", "Cumulative number of prompt (input) tokens processed.", ()),
     (P + "generation_tokens_total", "counter", "Cumulative number of generation (output) tokens produced.", ()),
     (P + "kv_cache_hit_rate", "gauge", "KV cache hit rate", ()),
     (P + "kv_cache_reused_blocks_total", "counter", "Cumulative number of KV cache blocks reused (cache hits)", ()),
-    (P + "kv_cache_missed_blocks_total", "counter", "Cumulative number of KV cache blocks missed (cache misses)",
-     ()),
+    (P + "kv_cache_missed_blocks_total", "counter", "Cumulative number of KV cache blocks missed (cache misses)", ()),
     (P + "kv_cache_utilization", "gauge", "KV cache utilization", ()),
     (P + "num_requests_running", "gauge", "Number of active requests", ()),
     (P + "num_requests_waiting", "gauge", "Number of queued requests", ()),
@@ -154,37 +249,63 @@ CATALOG: tuple[tuple[str, str, str, tuple[float, ...]], ...] = (
     (P + "num_scheduled_requests", "gauge", "Number of scheduled requests", ()),
     (P + "total_context_tokens", "gauge", "Total number of context tokens", ()),
     (P + "avg_decoded_tokens_per_iter", "gauge", "Average number of decoded tokens per iteration", ()),
-    (P + "spec_decode_num_draft_tokens_total", "counter", "Total number of draft tokens in speculative decoding",
-     ()),
-    (P + "spec_decode_num_accepted_tokens_total", "counter",
-     "Total number of accepted tokens in speculative decoding", ()),
+    (P + "spec_decode_num_draft_tokens_total", "counter", "Total number of draft tokens in speculative decoding", ()),
+    (
+        P + "spec_decode_num_accepted_tokens_total",
+        "counter",
+        "Total number of accepted tokens in speculative decoding",
+        (),
+    ),
     (P + "spec_decode_acceptance_length", "gauge", "Acceptance length in speculative decoding", ()),
     (P + "spec_decode_draft_overhead", "gauge", "Draft overhead in speculative decoding", ()),
-    (P + "prompt_cached_tokens_total", "counter",
-     f"Process-lifetime total prompt tokens served from KV cache. {_KEPT}", ()),
-    (P + "prompt_cache_hit_tokens_total", "counter",
-     f"Process-lifetime total prompt tokens served from each KV cache level. {_KEPT} cache_level is the index "
-     "into the configured tier list and cache_tier names the memory backing it, so a deployment with a hot and "
-     "a cold GPU level reports them as two series sharing the gpu name. Pages already prefetched from disk to "
-     "host count as host.", ()),
-    (P + "prompt_cached_tokens_per_request", "histogram", "Histogram of cached prompt tokens per request.",
-     CACHED_TOKENS_BUCKETS),
-    (P + "spec_decode_drafted_tokens_total", "counter", "Total drafted tokens per speculative decoding position.",
-     ()),
-    (P + "spec_decode_accepted_tokens_total", "counter",
-     "Total accepted tokens per speculative decoding position.", ()),
+    (
+        P + "prompt_cached_tokens_total",
+        "counter",
+        f"Process-lifetime total prompt tokens served from KV cache. {_KEPT}",
+        (),
+    ),
+    (
+        P + "prompt_cache_hit_tokens_total",
+        "counter",
+        f"Process-lifetime total prompt tokens served from each KV cache level. {_KEPT} cache_level is the index "
+        "into the configured tier list and cache_tier names the memory backing it, so a deployment with a hot and "
+        "a cold GPU level reports them as two series sharing the gpu name. Pages already prefetched from disk to "
+        "host count as host.",
+        (),
+    ),
+    (
+        P + "prompt_cached_tokens_per_request",
+        "histogram",
+        "Histogram of cached prompt tokens per request.",
+        CACHED_TOKENS_BUCKETS,
+    ),
+    (P + "spec_decode_drafted_tokens_total", "counter", "Total drafted tokens per speculative decoding position.", ()),
+    (
+        P + "spec_decode_accepted_tokens_total",
+        "counter",
+        "Total accepted tokens per speculative decoding position.",
+        (),
+    ),
     (P + "prefill_batch_occupancy", "gauge", "Fraction of max active slots occupied by context requests.", ()),
-    (P + "prefill_batch_tokens", "histogram", "Histogram of total context tokens per iteration.",
-     PREFILL_BATCH_BUCKETS),
+    (
+        P + "prefill_batch_tokens",
+        "histogram",
+        "Histogram of total context tokens per iteration.",
+        PREFILL_BATCH_BUCKETS,
+    ),
     (P + "request_error_total", "counter", "Total request errors, labeled by HTTP status code.", ()),
-    (SCHEDULED_BATCH_SIZE, "gauge",
-     "Number of real context and generation requests in the latest scheduled batch on this executor rank; zero "
-     "when no batch is submitted. Under pipeline parallelism, other microbatches may still be running.", ()),
+    (
+        SCHEDULED_BATCH_SIZE,
+        "gauge",
+        "Number of real context and generation requests in the latest scheduled batch on this executor rank; zero "
+        "when no batch is submitted. Under pipeline parallelism, other microbatches may still be running.",
+        (),
+    ),
     (P + "model_config_info", "gauge", "Model configuration info", ()),
     (P + "parallel_config_info", "gauge", "Parallelism configuration info", ()),
     (P + "speculative_config_info", "gauge", "Speculative decoding configuration info", ()),
     (P + "kv_cache_config_info", "gauge", "KV cache configuration info", ()),
-)  # fmt: skip
+)
 
 
 _go_float: Callable[[float], str] = floatToGoString
@@ -347,26 +468,39 @@ class TrtllmMetrics(EngineMetrics):
         model = self.engine.settings.model
         info = {
             P + "model_config_info": {
-                "model": model, "served_model_name": model, "dtype": "auto", "quantization": "none",
-                "max_model_len": str(p.max_model_len), "gpu_type": GPU_TYPE,
+                "model": model,
+                "served_model_name": model,
+                "dtype": "auto",
+                "quantization": "none",
+                "max_model_len": str(p.max_model_len),
+                "gpu_type": GPU_TYPE,
             },
             P + "parallel_config_info": {
-                "tensor_parallel_size": "1", "pipeline_parallel_size": "1", "context_parallel_size": "1",
+                "tensor_parallel_size": "1",
+                "pipeline_parallel_size": "1",
+                "context_parallel_size": "1",
                 "gpu_count": "1",
             },
             P + "kv_cache_config_info": {
-                "page_size": str(p.block_size), "enable_block_reuse": str(p.enable_prefix_caching),
-                "enable_partial_reuse": "True", "free_gpu_memory_fraction": "0.9", "cache_dtype": "auto",
+                "page_size": str(p.block_size),
+                "enable_block_reuse": str(p.enable_prefix_caching),
+                "enable_partial_reuse": "True",
+                "free_gpu_memory_fraction": "0.9",
+                "cache_dtype": "auto",
             },
-        }  # fmt: skip
+        }
         if self.speculation is not None:
             info[P + "speculative_config_info"] = {
                 "spec_enabled": "true",
                 "spec_method": self.speculation.method,
                 "spec_num_tokens": str(self.speculation.max_draft_len),
             }
-        for name in (P + "model_config_info", P + "parallel_config_info", P + "speculative_config_info",
-                     P + "kv_cache_config_info"):  # fmt: skip
+        for name in (
+            P + "model_config_info",
+            P + "parallel_config_info",
+            P + "speculative_config_info",
+            P + "kv_cache_config_info",
+        ):
             if name in info:
                 self.store.set(name, {**self.labels, **info[name]}, 1)
 
@@ -409,22 +543,34 @@ class TrtllmMetrics(EngineMetrics):
             "cpuMemUsage": 0,
             "gpuMemUsage": GPU_MEM_BASE + GPU_MEM_PER_REQUEST * len(report.scheduled),
             "inflightBatchingStats": {
-                "avgNumDecodedTokensPerIter": 0.0, "microBatchId": 0, "numContextRequests": report.context_seqs,
-                "numCtxTokens": report.prefill_tokens, "numGenRequests": report.decode_seqs,
-                "numPausedRequests": len(report.preempted), "numScheduledRequests": len(report.scheduled),
+                "avgNumDecodedTokensPerIter": 0.0,
+                "microBatchId": 0,
+                "numContextRequests": report.context_seqs,
+                "numCtxTokens": report.prefill_tokens,
+                "numGenRequests": report.decode_seqs,
+                "numPausedRequests": len(report.preempted),
+                "numScheduledRequests": len(report.scheduled),
             },
             "iter": self.iter,
             "iterLatencyMS": iter_ms,
             "kvCacheStats": {
-                "allocNewBlocks": self.alloc_new, "allocTotalBlocks": self.alloc_total,
+                "allocNewBlocks": self.alloc_new,
+                "allocTotalBlocks": self.alloc_total,
                 "cacheHitRate": _f32(self.reused_blocks / lookups) if lookups else 0.0,
-                "freeNumBlocks": p.num_blocks - report.used_blocks, "maxNumBlocks": p.num_blocks,
-                "missedBlocks": self.missed_blocks, "reusedBlocks": self.reused_blocks, "tokensPerBlock": bs,
+                "freeNumBlocks": p.num_blocks - report.used_blocks,
+                "maxNumBlocks": p.num_blocks,
+                "missedBlocks": self.missed_blocks,
+                "reusedBlocks": self.reused_blocks,
+                "tokensPerBlock": bs,
                 "usedNumBlocks": report.used_blocks,
             },
-            "maxBatchSizeRuntime": 0, "maxBatchSizeStatic": 0, "maxBatchSizeTunerRecommended": 0,
+            "maxBatchSizeRuntime": 0,
+            "maxBatchSizeStatic": 0,
+            "maxBatchSizeTunerRecommended": 0,
             "maxNumActiveRequests": p.max_num_seqs,
-            "maxNumTokensRuntime": 0, "maxNumTokensStatic": 0, "maxNumTokensTunerRecommended": 0,
+            "maxNumTokensRuntime": 0,
+            "maxNumTokensStatic": 0,
+            "maxNumTokensTunerRecommended": 0,
             "newActiveRequestsQueueLatencyMS": sum(
                 (s.queue_time * 1000.0 for s in new_active if s.first_scheduled == report.start), 0.0
             ),
@@ -435,7 +581,10 @@ class TrtllmMetrics(EngineMetrics):
             "pinnedMemUsage": 0,
             "specDecodingStats": self._speculate(decode),
             "staticBatchingStats": {
-                "emptyGenSlots": 0, "numContextRequests": 0, "numCtxTokens": 0, "numGenTokens": 0,
+                "emptyGenSlots": 0,
+                "numContextRequests": 0,
+                "numCtxTokens": 0,
+                "numGenTokens": 0,
                 "numScheduledRequests": 0,
             },
             "timestamp": datetime.fromtimestamp(report.start).strftime("%m-%d-%Y %H:%M:%S.%f"),
@@ -444,7 +593,7 @@ class TrtllmMetrics(EngineMetrics):
             "prevDeviceStepTimeMS": prev_gpu,
             "gpuForwardTimeMS": gpu_forward,
             "schedulerMode": "overlap",
-        }  # fmt: skip
+        }
         return _Stat(stat, [report.prefix_hits, 0])
 
     def _speculate(self, decode: list[Sequence]) -> dict[str, Any] | None:
@@ -725,8 +874,13 @@ class TrtllmSim:
 
         @app.get("/health_generate")
         async def health_generate() -> Response:
-            body = {"model": self.engine.settings.model, "messages": [{"role": "user", "content": "hi"}],
-                    "max_completion_tokens": 1, "stream": False, "temperature": 0.0}  # fmt: skip
+            body = {
+                "model": self.engine.settings.model,
+                "messages": [{"role": "user", "content": "hi"}],
+                "max_completion_tokens": 1,
+                "stream": False,
+                "temperature": 0.0,
+            }
             response = await self._serve({}, body, count_tokens("hi") + 10, chat=True, prefix=None)
             if response.status_code == 200:
                 return Response(status_code=200, content="Generation health check OK")
@@ -738,8 +892,12 @@ class TrtllmSim:
 
         @app.get("/v1/models")
         async def models() -> JSONResponse:
-            card = {"id": self.engine.settings.model, "object": "model", "created": int(time.time()),
-                    "owned_by": "tensorrt_llm"}  # fmt: skip
+            card = {
+                "id": self.engine.settings.model,
+                "object": "model",
+                "created": int(time.time()),
+                "owned_by": "tensorrt_llm",
+            }
             return JSONResponse({"object": "list", "data": [card]})
 
         @app.get(JSON_PATH)
@@ -789,25 +947,44 @@ class TrtllmSim:
         try:
             body = await request.json()
         except ValueError as exc:
-            err = {"type": "json_invalid", "loc": ("body", 0), "msg": "JSON decode error", "input": {},
-                   "ctx": {"error": str(exc).split(":")[0]}}  # fmt: skip
+            err = {
+                "type": "json_invalid",
+                "loc": ("body", 0),
+                "msg": "JSON decode error",
+                "input": {},
+                "ctx": {"error": str(exc).split(":")[0]},
+            }
             return self._invalid(err)
         if not isinstance(body, dict):
-            return self._invalid({"type": "model_attributes_type", "loc": ("body",),
-                                  "msg": "Input should be a valid dictionary or object to extract fields from",
-                                  "input": body})  # fmt: skip
+            return self._invalid(
+                {
+                    "type": "model_attributes_type",
+                    "loc": ("body",),
+                    "msg": "Input should be a valid dictionary or object to extract fields from",
+                    "input": body,
+                }
+            )
         for name in (required, "model"):
             if name not in body:
-                return self._invalid({"type": "missing", "loc": ("body", name), "msg": "Field required",
-                                      "input": body})  # fmt: skip
+                return self._invalid({"type": "missing", "loc": ("body", name), "msg": "Field required", "input": body})
         if not isinstance(body["model"], str):
-            return self._invalid({"type": "string_type", "loc": ("body", "model"),
-                                  "msg": "Input should be a valid string", "input": body["model"]})  # fmt: skip
+            return self._invalid(
+                {
+                    "type": "string_type",
+                    "loc": ("body", "model"),
+                    "msg": "Input should be a valid string",
+                    "input": body["model"],
+                }
+            )
         if body.get("stream_options") is not None and not body.get("stream"):
-            message = ("stream_options can only be set if stream is true" if required == "messages"
-                       else "Stream options can only be defined when stream is true.")  # fmt: skip
-            return self._invalid({"type": "value_error", "loc": ("body",), "msg": f"Value error, {message}",
-                                  "input": body})  # fmt: skip
+            message = (
+                "stream_options can only be set if stream is true"
+                if required == "messages"
+                else "Stream options can only be defined when stream is true."
+            )
+            return self._invalid(
+                {"type": "value_error", "loc": ("body",), "msg": f"Value error, {message}", "input": body}
+            )
         return body
 
     def _invalid(self, error: dict[str, Any]) -> JSONResponse:
@@ -831,9 +1008,13 @@ class TrtllmSim:
         self.emit_span(req)
 
     async def _serve(
-        self, headers: Mapping[str, str], body: dict[str, Any], prompt_tokens: int, chat: bool,
+        self,
+        headers: Mapping[str, str],
+        body: dict[str, Any],
+        prompt_tokens: int,
+        chat: bool,
         prefix: tuple[str, int] | None,
-    ) -> Response:  # fmt: skip
+    ) -> Response:
         eng = self.engine
         limit = eng.params.max_model_len
         if prompt_tokens + 1 > limit:
@@ -851,9 +1032,14 @@ class TrtllmSim:
             prefix_key, prefix_tokens = f"prompt-{zlib.crc32(prefix[0].encode()):08x}", prefix[1]
         executor_id = self.next_executor_id()
         handle = eng.new_request(
-            f"trtllm-{executor_id}", prompt_tokens, max_tokens, n=n, ignore_eos=bool(body.get("ignore_eos")),
-            prefix_key=prefix_key, prefix_tokens=prefix_tokens,
-        )  # fmt: skip
+            f"trtllm-{executor_id}",
+            prompt_tokens,
+            max_tokens,
+            n=n,
+            ignore_eos=bool(body.get("ignore_eos")),
+            prefix_key=prefix_key,
+            prefix_tokens=prefix_tokens,
+        )
         params = {k: body.get(k) for k in ("temperature", "top_p", "top_k")}
         req = _Req(executor_id, handle.seqs, headers, params)
         model = str(body["model"])
@@ -861,9 +1047,12 @@ class TrtllmSim:
 
         def usage() -> dict[str, Any]:
             completion = sum(s.generated for s in handle.seqs)
-            return {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + completion,
-                    "completion_tokens": completion,
-                    "prompt_tokens_details": {"cached_tokens": handle.seqs[0].cached_tokens}}  # fmt: skip
+            return {
+                "prompt_tokens": prompt_tokens,
+                "total_tokens": prompt_tokens + completion,
+                "completion_tokens": completion,
+                "prompt_tokens_details": {"cached_tokens": handle.seqs[0].cached_tokens},
+            }
 
         def reason(seq: Sequence) -> str:
             return FINISHED_REASON.get(seq.finish, "stop")
@@ -896,9 +1085,16 @@ class TrtllmSim:
                     }
                     for s in handle.seqs
                 ]
-                payload = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": created,
-                           "model": model, "choices": choices, "usage": usage(), "prompt_token_ids": None,
-                           "prompt_token_ids_b64": None}  # fmt: skip
+                payload = {
+                    "id": f"chatcmpl-{uuid.uuid4().hex}",
+                    "object": "chat.completion",
+                    "created": created,
+                    "model": model,
+                    "choices": choices,
+                    "usage": usage(),
+                    "prompt_token_ids": None,
+                    "prompt_token_ids_b64": None,
+                }
             else:
                 choices = [
                     {
@@ -914,8 +1110,15 @@ class TrtllmSim:
                     }
                     for s in handle.seqs
                 ]
-                payload = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": created,
-                           "model": model, "choices": choices, "usage": usage(), "prompt_token_ids": None}  # fmt: skip
+                payload = {
+                    "id": f"cmpl-{uuid.uuid4().hex}",
+                    "object": "text_completion",
+                    "created": created,
+                    "model": model,
+                    "choices": choices,
+                    "usage": usage(),
+                    "prompt_token_ids": None,
+                }
             return JSONResponse(payload)
 
         options = body.get("stream_options")
@@ -927,24 +1130,48 @@ class TrtllmSim:
             if chat:  # chat_stream_post_processor: model_dump_json(exclude_none=True)
                 payload = {"id": stream_id, "object": obj, "created": created, "model": model, "choices": [choice]}
                 return f"data: {_dump(_without_none(payload))}\n\n".encode()
-            payload = {"id": stream_id, "object": obj, "created": created, "model": model, "choices": [choice],
-                       "usage": None}  # fmt: skip
+            payload = {
+                "id": stream_id,
+                "object": obj,
+                "created": created,
+                "model": model,
+                "choices": [choice],
+                "usage": None,
+            }
             return f"data: {_dump(payload)}\n\n".encode()
 
         def token_chunk(seq: Sequence, text: str, finish: str | None) -> bytes:
             if chat:
-                return chunk({"index": seq.seq_index, "delta": {"content": text, "reasoning_content": ""},
-                              "finish_reason": finish})  # fmt: skip
-            return chunk({"index": seq.seq_index, "text": text, "token_ids": None, "logprobs": None,
-                          "finish_reason": finish, "stop_reason": None,
-                          "avg_decoded_tokens_per_iter": None})  # fmt: skip
+                return chunk(
+                    {
+                        "index": seq.seq_index,
+                        "delta": {"content": text, "reasoning_content": ""},
+                        "finish_reason": finish,
+                    }
+                )
+            return chunk(
+                {
+                    "index": seq.seq_index,
+                    "text": text,
+                    "token_ids": None,
+                    "logprobs": None,
+                    "finish_reason": finish,
+                    "stop_reason": None,
+                    "avg_decoded_tokens_per_iter": None,
+                }
+            )
 
         async def stream() -> AsyncIterator[bytes]:
             try:
                 if chat:
                     for s in handle.seqs:
-                        first = {"id": stream_id, "object": obj, "created": created, "model": model,
-                                 "choices": [{"index": s.seq_index, "delta": {"role": "assistant"}}]}  # fmt: skip
+                        first = {
+                            "id": stream_id,
+                            "object": obj,
+                            "created": created,
+                            "model": model,
+                            "choices": [{"index": s.seq_index, "delta": {"role": "assistant"}}],
+                        }
                         yield f"data: {_dump(first)} \n\n".encode()
                 # The finish reason rides on the last token's chunk: hold each token back until the next
                 # event of its candidate says whether it was the last.
@@ -961,12 +1188,24 @@ class TrtllmSim:
                     elif pending is not None:
                         yield token_chunk(seq, pending, reason(seq))
                 if failed:
-                    error = {"error": {"message": f"Generation failed: request {executor_id} failed in the executor",
-                                       "type": "server_error", "code": None, "param": None}}  # fmt: skip
+                    error = {
+                        "error": {
+                            "message": f"Generation failed: request {executor_id} failed in the executor",
+                            "type": "server_error",
+                            "code": None,
+                            "param": None,
+                        }
+                    }
                     yield f"data: {_dump(error)}\n\n".encode()
                 elif include_usage:
-                    final = {"id": stream_id, "object": obj, "created": created, "model": model, "choices": [],
-                             "usage": usage()}  # fmt: skip
+                    final = {
+                        "id": stream_id,
+                        "object": obj,
+                        "created": created,
+                        "model": model,
+                        "choices": [],
+                        "usage": usage(),
+                    }
                     yield f"data: {_dump(final)}\n\n".encode()
                 yield b"data: [DONE]\n\n"
             finally:

@@ -82,6 +82,13 @@ def _fmt(value: float | None, unit: str = "", digits: int = 3) -> str:
     return f"{value:.{digits}g}{unit}"
 
 
+def _latency(last: Scrape, earlier: Scrape | None, spec: V.MetricSpec, q: float) -> str:
+    """A latency percentile; at the top of the canonical layout it is only known to be at least that."""
+    value = last.quantile(earlier, spec, q)
+    top = max(spec.buckets)
+    return f">= {_fmt(value, 's')}" if value is not None and value >= top else _fmt(value, "s")
+
+
 def view(members: list[Member], title: str) -> Table:
     table = Table(title=title, title_justify="left")
     for col in (
@@ -107,10 +114,10 @@ def view(members: list[Member], title: str) -> Table:
             m.engine,
             "[green]1[/]" if last.up else "[red]0[/]",
             _fmt(last.rate(earlier, V.REQUESTS.name)),
-            _fmt(last.quantile(earlier, V.TIME_TO_FIRST_TOKEN, 0.5), "s"),
-            _fmt(last.quantile(earlier, V.TIME_TO_FIRST_TOKEN, 0.99), "s"),
-            _fmt(last.quantile(earlier, V.TIME_PER_OUTPUT_TOKEN, 0.5), "s"),
-            _fmt(last.quantile(earlier, V.TIME_PER_OUTPUT_TOKEN, 0.99), "s"),
+            _latency(last, earlier, V.TIME_TO_FIRST_TOKEN, 0.5),
+            _latency(last, earlier, V.TIME_TO_FIRST_TOKEN, 0.99),
+            _latency(last, earlier, V.TIME_PER_OUTPUT_TOKEN, 0.5),
+            _latency(last, earlier, V.TIME_PER_OUTPUT_TOKEN, 0.99),
             _fmt(last.values.get(V.REQUESTS_RUNNING.name)),
             _fmt(last.values.get(V.REQUESTS_WAITING.name)),
             _fmt(last.gauges_max.get(V.KV_CACHE_USAGE.name), digits=2),
@@ -129,6 +136,8 @@ def _scrape(client: httpx.Client, m: Member) -> None:
 
 def run_demo(duration: float | None, vllm_profile: str, speed: float, base_port: int) -> int:
     console = Console()
+    if not console.is_terminal:
+        console = Console(width=160)
     ports = free_ports(2 * len(ENGINES), base_port)
     members = [Member(e, ports[2 * i], ports[2 * i + 1]) for i, e in enumerate(ENGINES)]
     logdir = Path(tempfile.mkdtemp(prefix="inferwatch-demo-"))

@@ -387,6 +387,92 @@ EXPORTER_INEXACT_BUCKETS: Final = MetricSpec(
     health=True,
 )
 
+# The collector's self-metrics (its own health, not an engine signal).
+COLLECTOR_SPANS_RECEIVED: Final = MetricSpec(
+    "collector_spans_received",
+    "inferwatch_collector_spans_received_total",
+    Kind.COUNTER,
+    "spans",
+    "Spans received over OTLP (HTTP and gRPC).",
+    health=True,
+)
+COLLECTOR_REQUESTS_STORED: Final = MetricSpec(
+    "collector_requests_stored",
+    "inferwatch_collector_requests_stored_total",
+    Kind.COUNTER,
+    "requests",
+    "LLM request rows written to the database.",
+    health=True,
+)
+COLLECTOR_SPANS_REJECTED: Final = MetricSpec(
+    "collector_spans_rejected",
+    "inferwatch_collector_spans_rejected_total",
+    Kind.COUNTER,
+    "spans",
+    "Spans refused, by reason.",
+    labels=("reason",),
+    health=True,
+)
+COLLECTOR_SPANS_SKIPPED: Final = MetricSpec(
+    "collector_spans_skipped",
+    "inferwatch_collector_spans_skipped_total",
+    Kind.COUNTER,
+    "spans",
+    "Spans that are not LLM requests (start-up spans, middleware, child spans folded into a request).",
+    health=True,
+)
+COLLECTOR_DUPLICATES: Final = MetricSpec(
+    "collector_duplicates",
+    "inferwatch_collector_duplicate_requests_total",
+    Kind.COUNTER,
+    "requests",
+    "Request rows already stored (same trace and span id), ignored.",
+    health=True,
+)
+COLLECTOR_QUEUE_DEPTH: Final = MetricSpec(
+    "collector_queue_depth",
+    "inferwatch_collector_queue_depth",
+    Kind.GAUGE,
+    "requests",
+    "Request rows accepted and not yet written.",
+    health=True,
+)
+COLLECTOR_SPOOLED: Final = MetricSpec(
+    "collector_spooled",
+    "inferwatch_collector_spooled_requests",
+    Kind.GAUGE,
+    "requests",
+    "Request rows spooled to disk while the database was unreachable.",
+    health=True,
+)
+COLLECTOR_BATCH_SECONDS: Final = MetricSpec(
+    "collector_batch_write",
+    "inferwatch_collector_batch_write_seconds",
+    Kind.GAUGE,
+    "seconds",
+    "Duration of the last batch insert.",
+    health=True,
+)
+COLLECTOR_DB_UP: Final = MetricSpec(
+    "collector_db_up",
+    "inferwatch_collector_database_up",
+    Kind.GAUGE,
+    "",
+    "1 when the last database write or check succeeded.",
+    health=True,
+)
+COLLECTOR_METRICS: Final[tuple[MetricSpec, ...]] = (
+    COLLECTOR_SPANS_RECEIVED,
+    COLLECTOR_REQUESTS_STORED,
+    COLLECTOR_SPANS_REJECTED,
+    COLLECTOR_SPANS_SKIPPED,
+    COLLECTOR_DUPLICATES,
+    COLLECTOR_QUEUE_DEPTH,
+    COLLECTOR_SPOOLED,
+    COLLECTOR_BATCH_SECONDS,
+    COLLECTOR_DB_UP,
+)
+
 CANONICAL_METRICS: Final[tuple[MetricSpec, ...]] = (
     TIME_TO_FIRST_TOKEN,
     TIME_PER_OUTPUT_TOKEN,

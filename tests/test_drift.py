@@ -28,7 +28,7 @@ def python_files() -> list[Path]:
 
 def canonical_tokens() -> set[str]:
     names = set()
-    for spec in V.ALL_METRICS:
+    for spec in (*V.ALL_METRICS, *V.COLLECTOR_METRICS):
         names.add(spec.name)
         base = spec.name.removesuffix("_total")
         names.add(base)

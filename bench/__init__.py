@@ -1,0 +1,1 @@
+"""Benchmarks (each prints its figures and exits non-zero when its target ratio is missed)."""

@@ -1,0 +1,474 @@
+"""The collector's request store: migrations, idempotent inserts, the writer and its spool.
+
+Every test runs on SQLite (a file under tmp_path) and on PostgreSQL (a fresh schema per test, on
+``INFERWATCH_TEST_POSTGRES_URL`` or the local default). PostgreSQL tests skip when the server is
+unreachable, but fail when the ``CI`` environment variable is set.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import time
+from collections.abc import Callable, Iterator, Sequence
+from datetime import UTC, datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import Engine, create_engine, func, inspect, make_url, select, text
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.orm import Session
+from sqlalchemy.pool import NullPool
+
+from collector import db
+from collector.models import FIELD_TO_ATTR, REQUEST_TABLE, Base, LlmRequest
+from collector.record import CACHED_TOKENS, E2E, TTFT, RequestRecord
+from collector.writer import RECORD_FIELDS, Writer, record_from_json, record_to_json
+
+PG_URL_ENV = "INFERWATCH_TEST_POSTGRES_URL"
+DEFAULT_PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+T0 = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
+
+
+# --- fixtures --------------------------------------------------------------------------------------------------------
+
+
+def postgres_unavailable(reason: str) -> None:
+    message = f"PostgreSQL unreachable ({reason}); set {PG_URL_ENV} or start a server"
+    if os.environ.get("CI"):
+        pytest.fail(message + " and CI is set: this test must not be skipped")
+    pytest.skip(message)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """URL of an empty database: a SQLite file, or a fresh PostgreSQL schema dropped afterwards."""
+    if request.param == "sqlite":
+        yield db.default_url(tmp_path / "data")
+        return
+    base = make_url(os.environ.get(PG_URL_ENV, DEFAULT_PG_URL))
+    schema = f"iw_test_{secrets.token_hex(6)}"
+    admin = create_engine(base, poolclass=NullPool, connect_args={"connect_timeout": 3})
+    try:
+        with admin.begin() as conn:
+            conn.execute(text(f'CREATE SCHEMA "{schema}"'))
+    except OperationalError as exc:
+        admin.dispose()
+        postgres_unavailable(str(exc.orig))
+    try:
+        yield base.update_query_dict({"options": f"-csearch_path={schema}"}).render_as_string(hide_password=False)
+    finally:
+        with admin.begin() as conn:
+            conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
+        admin.dispose()
+
+
+@pytest.fixture
+def engine(db_url: str) -> Iterator[Engine]:
+    """An engine on the empty database (no schema yet)."""
+    eng = db.make_engine(db_url)
+    yield eng
+    eng.dispose()
+
+
+@pytest.fixture
+def store(engine: Engine) -> Engine:
+    """An engine on a database migrated to head."""
+    db.upgrade(engine)
+    return engine
+
+
+@pytest.fixture
+def unreachable(store: Engine, tmp_path: Path) -> Iterator[Engine]:
+    """An engine of the same dialect whose database cannot be reached (missing directory / closed port)."""
+    if store.dialect.name == "sqlite":
+        eng = create_engine(f"sqlite:///{tmp_path / 'missing' / 'store.db'}", poolclass=NullPool)
+    else:
+        eng = db.make_engine("postgresql+psycopg://postgres@127.0.0.1:1/test?connect_timeout=2")
+    yield eng
+    eng.dispose()
+
+
+def make_record(i: int, *, trace: int = 1, start: datetime | None = None, **overrides: Any) -> RequestRecord:
+    start = start if start is not None else T0 + timedelta(milliseconds=i)
+    values: dict[str, Any] = {
+        "trace_id": f"{trace:032x}",
+        "span_id": f"{i + 1:016x}",
+        "engine": "vllm",
+        "start_time": start,
+        "end_time": start + timedelta(seconds=1.5),
+        "request_id": f"req-{trace}-{i}",
+        "model": "m",
+        TTFT: 0.05 + i / 1000,
+        E2E: 1.5,
+    }
+    values.update(overrides)
+    return RequestRecord(**values)
+
+
+def batch(n: int, *, trace: int = 1, first: int = 0, **overrides: Any) -> list[RequestRecord]:
+    return [make_record(i, trace=trace, **overrides) for i in range(first, first + n)]
+
+
+def count(engine: Engine) -> int:
+    with engine.connect() as conn:
+        return conn.execute(select(func.count()).select_from(REQUEST_TABLE)).scalar_one()
+
+
+def stored_keys(engine: Engine) -> set[tuple[str, str]]:
+    with engine.connect() as conn:
+        rows = conn.execute(select(REQUEST_TABLE.c.trace_id, REQUEST_TABLE.c.span_id)).all()
+    return {(r.trace_id, r.span_id) for r in rows}
+
+
+def keys(records: Sequence[RequestRecord]) -> set[tuple[str, str]]:
+    return {(r.trace_id, r.span_id) for r in records}
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        time.sleep(0.01)
+
+
+# --- schema and migrations -------------------------------------------------------------------------------------------
+
+
+def test_upgrade_creates_the_table(engine: Engine) -> None:
+    assert db.is_empty(engine)
+    assert db.current_revision(engine) is None
+    db.upgrade(engine)
+    assert db.current_revision(engine) == db.head_revision()
+    assert db.at_head(engine)
+    insp = inspect(engine)
+    assert REQUEST_TABLE.name in insp.get_table_names()
+    columns = {c["name"] for c in insp.get_columns(REQUEST_TABLE.name)}
+    assert columns == RECORD_FIELDS | {"id", "received_at"}
+    indexed = {tuple(ix["column_names"]) for ix in insp.get_indexes(REQUEST_TABLE.name)}
+    assert {("start_time",), ("engine", "model", "start_time"), ("request_id",), (TTFT,), (E2E,)} <= indexed
+    uniques = [tuple(uc["column_names"]) for uc in insp.get_unique_constraints(REQUEST_TABLE.name)]
+    assert uniques == [("trace_id", "span_id")]
+
+
+def test_record_fields_are_the_columns() -> None:
+    """Column names (and Core keys) are RequestRecord's field names: a record's __dict__ is its row."""
+    assert set(REQUEST_TABLE.c.keys()) == RECORD_FIELDS | {"id", "received_at"}
+    assert set(FIELD_TO_ATTR) == RECORD_FIELDS
+    assert FIELD_TO_ATTR[TTFT] == "ttft"
+    assert FIELD_TO_ATTR[CACHED_TOKENS] == "cached_tokens"
+
+
+def test_downgrade_to_base_and_upgrade_again(store: Engine) -> None:
+    assert db.insert_records(store, batch(3)) == (3, 0)
+    db.downgrade(store, "base")
+    assert db.current_revision(store) is None
+    assert REQUEST_TABLE.name not in inspect(store).get_table_names()
+    db.upgrade(store)
+    assert db.at_head(store)
+    assert count(store) == 0
+
+
+def test_models_match_migrations(store: Engine) -> None:
+    with store.connect() as conn:
+        context = MigrationContext.configure(conn, opts={"compare_type": True, "compare_server_default": True})
+        diff = compare_metadata(context, Base.metadata)
+    assert diff == []
+
+
+def test_ensure_schema(engine: Engine) -> None:
+    db.ensure_schema(engine)
+    assert db.at_head(engine)
+    db.ensure_schema(engine)  # at head: nothing to do
+    assert db.at_head(engine)
+
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE alembic_version SET version_num = 'ffffffff'"))
+    with pytest.raises(db.SchemaError, match="does not know"):
+        db.ensure_schema(engine)
+    with engine.begin() as conn:
+        conn.execute(text(f"UPDATE alembic_version SET version_num = '{db.head_revision()}'"))
+
+    db.downgrade(engine, "base")
+    with engine.begin() as conn:
+        conn.execute(text("CREATE TABLE somebody_elses (x INTEGER)"))
+    with pytest.raises(db.SchemaError, match="no Alembic version"):
+        db.ensure_schema(engine)
+
+
+def test_ensure_schema_creates_and_upgrades(engine: Engine) -> None:
+    db.ensure_schema(engine)  # empty database
+    assert db.at_head(engine)
+    db.downgrade(engine, "base")  # alembic_version left, empty
+    db.ensure_schema(engine)
+    assert db.at_head(engine)
+
+
+def test_sqlite_engine_settings(tmp_path: Path) -> None:
+    url = db.default_url(tmp_path / "new" / "dir")
+    assert url.endswith("inferwatch.db")
+    eng = db.make_engine(url)
+    try:
+        with eng.connect() as conn:
+            assert conn.execute(text("PRAGMA journal_mode")).scalar() == "wal"
+            assert conn.execute(text("PRAGMA synchronous")).scalar() == 1  # NORMAL
+            assert conn.execute(text("PRAGMA foreign_keys")).scalar() == 1
+            assert cast(int, conn.execute(text("PRAGMA busy_timeout")).scalar()) > 0
+    finally:
+        eng.dispose()
+    assert (tmp_path / "new" / "dir" / "inferwatch.db").exists()
+
+
+def test_alembic_config_needs_no_ini() -> None:
+    cfg = db.alembic_config("sqlite://")
+    assert cfg.config_file_name is None
+    assert Path(cfg.get_main_option("script_location") or "").joinpath("env.py").is_file()
+    assert db.head_revision() == "0001"
+
+
+# --- inserts ---------------------------------------------------------------------------------------------------------
+
+
+def test_insert_is_idempotent(store: Engine) -> None:
+    records = batch(3)
+    assert db.insert_records(store, records) == (3, 0)
+    assert db.insert_records(store, records) == (0, 3)
+    assert count(store) == 3
+    # the two samples of an n=2 request: one request id, two spans
+    samples = [make_record(10, trace=7, request_id="r-n2"), make_record(11, trace=7, request_id="r-n2")]
+    assert db.insert_records(store, samples) == (2, 0)
+    # duplicates inside one batch count as duplicates
+    assert db.insert_records(store, [*batch(2, trace=8), *batch(2, trace=8)]) == (2, 2)
+    assert db.insert_records(store, []) == (0, 0)
+    assert count(store) == 7
+
+
+def test_values_round_trip(store: Engine) -> None:
+    cest = timezone(timedelta(hours=2))
+    record = RequestRecord(
+        trace_id="0af7651916cd43dd8448eb211c80319c",
+        span_id="b7ad6b7169203331",
+        engine="tgi",
+        start_time=datetime(2024, 5, 1, 14, 3, 4, 123456, tzinfo=cest),
+        end_time=datetime(2024, 5, 1, 12, 3, 9, 654321, tzinfo=UTC),
+        request_id="chatcmpl-1",
+        model="meta-llama/Llama-3.1-8B-Instruct",
+        instance="host-1:8000",
+        service="tgi",
+        time_to_first_token=0.1 + 0.2,
+        ttft_derived=True,
+        time_per_output_token=2.2250738585072014e-308,
+        request_duration=123456.78901234567,
+        request_queue=1.7976931348623157e308,
+        request_prefill=0.0,
+        request_decode=1 / 3,
+        prompt_tokens=2**40,
+        generation_tokens=1,
+        prefix_cache_hit_tokens=0,
+        finish_reason="length",
+        error="bad \"quote\" and 'single' — ünïcode ✓",
+        n=2,
+        max_tokens=4096,
+        temperature=0.7,
+        lora_adapter="sql-lora",
+        attributes={
+            "gen_ai.request.top_p": 0.95,
+            "float": 0.1 + 0.2,
+            "big": 2**53 + 1,
+            "nested": {"list": [1, 2.5, "x", None, True, False], "empty": {}},
+            "text": "héllo ✓",
+        },
+    )
+    minimal = make_record(5, trace=2)
+    assert db.insert_records(store, [record, minimal]) == (2, 0)
+    with Session(store) as session:
+        rows = {r.span_id: r for r in session.scalars(select(LlmRequest))}
+    got = rows[record.span_id].to_record()
+    assert got == record
+    for value in (got.start_time, got.end_time, rows[record.span_id].received_at):
+        assert value.utcoffset() == timedelta(0)
+    assert got.start_time == datetime(2024, 5, 1, 12, 3, 4, 123456, tzinfo=UTC)
+    assert rows[record.span_id].ttft == 0.1 + 0.2
+    assert rows[minimal.span_id].to_record() == minimal
+    assert rows[minimal.span_id].attributes == {}
+
+
+def test_json_serializer_round_trips() -> None:
+    record = make_record(1, attributes={"x": [0.1, None, "é"]}, temperature=1 / 3, ttft_derived=True)
+    line = record_to_json(record)
+    assert "\n" not in line
+    assert record_from_json(line) == record
+    assert record_from_json(line.encode()) == record
+
+
+def test_delete_older_than(store: Engine) -> None:
+    old = batch(4, trace=1, start=T0 - timedelta(days=3))
+    new = batch(3, trace=2, start=T0)
+    db.insert_records(store, old + new)
+    assert db.delete_older_than(store, T0 - timedelta(days=1)) == 4
+    assert stored_keys(store) == keys(new)
+    assert db.delete_older_than(store, T0 - timedelta(days=1)) == 0
+
+
+# --- writer ----------------------------------------------------------------------------------------------------------
+
+
+def test_writer_stores_everything_submitted(store: Engine, tmp_path: Path) -> None:
+    writer = Writer(store, tmp_path / "spool.jsonl", batch_size=64, flush_interval=0.02)
+    writer.start()
+    submitted: list[RequestRecord] = []
+    for trace in range(10):
+        records = batch(50, trace=trace)
+        assert writer.submit(records)
+        submitted += records
+    assert writer.submit(batch(50, trace=3))  # a retransmission
+    assert writer.stop(timeout=10)
+    assert stored_keys(store) == keys(submitted)
+    stats = writer.snapshot()
+    assert (stats.stored, stats.duplicates, stats.spooled, stats.write_errors) == (500, 50, 0, 0)
+    assert stats.batches >= 9
+    assert stats.last_batch_seconds > 0
+    assert writer.db_ok
+    assert writer.queue_depth == 0
+    assert not writer.submit(batch(1, trace=99))  # stopped
+
+
+def test_writer_flushes_on_interval(store: Engine, tmp_path: Path) -> None:
+    writer = Writer(store, tmp_path / "spool.jsonl", batch_size=512, flush_interval=0.05)
+    writer.start()
+    try:
+        assert writer.submit(batch(3))
+        wait_until(lambda: count(store) == 3, timeout=3)
+    finally:
+        writer.stop()
+
+
+def test_writer_refuses_a_batch_beyond_queue_limit(store: Engine, tmp_path: Path) -> None:
+    writer = Writer(store, tmp_path / "spool.jsonl", queue_limit=10, batch_size=4)  # not started: nothing drains
+    assert writer.submit(batch(8, trace=1))
+    assert not writer.submit(batch(3, trace=2))
+    assert writer.queue_depth == 8
+    assert writer.submit(batch(2, trace=3))
+    assert writer.queue_depth == 10
+    assert not writer.submit(batch(1, trace=4))
+    assert writer.snapshot().refused == 4
+    assert writer.stop()  # drains what was accepted
+    assert stored_keys(store) == keys(batch(8, trace=1) + batch(2, trace=3))
+
+
+def test_writer_spools_while_the_database_is_unreachable(store: Engine, unreachable: Engine, tmp_path: Path) -> None:
+    target = {"engine": store}
+
+    def insert(_engine: Engine, records: Sequence[RequestRecord]) -> tuple[int, int]:
+        return db.insert_records(target["engine"], records)
+
+    spool = tmp_path / "spool.jsonl"
+    writer = Writer(store, spool, batch_size=16, flush_interval=0.01, retry_interval=0.1, insert=insert)
+    writer.start()
+    try:
+        before = batch(20, trace=1)
+        assert writer.submit(before)
+        assert writer.flush()
+        assert stored_keys(store) == keys(before)
+
+        target["engine"] = unreachable  # the database goes away
+        during = [batch(16, trace=t) for t in range(2, 7)]
+        for records in during:
+            assert writer.submit(records)  # still accepted
+        assert writer.flush()
+        wait_until(lambda: writer.snapshot().spooled == 80)
+        assert not writer.db_ok
+        spooled = [record_from_json(line) for line in spool.read_text().splitlines()]
+        assert spooled == [r for records in during for r in records]  # in order
+        time.sleep(0.25)  # a few retries fail
+        assert not writer.db_ok
+        assert count(store) == 20
+
+        target["engine"] = store  # back
+        wait_until(lambda: writer.db_ok)
+        after = batch(5, trace=9)
+        assert writer.submit(after)
+        assert writer.flush()
+    finally:
+        assert writer.stop()
+    expected = keys(before) | keys(after) | {k for records in during for k in keys(records)}
+    assert stored_keys(store) == expected
+    stats = writer.snapshot()
+    assert stats.replayed == 80
+    assert stats.stored == 105
+    assert stats.write_errors >= 2
+    assert spool.stat().st_size == 0
+
+
+def test_restart_replays_a_leftover_spool(store: Engine, unreachable: Engine, tmp_path: Path) -> None:
+    spool = tmp_path / "spool.jsonl"
+    down = Writer(unreachable, spool, batch_size=8, flush_interval=0.01, retry_interval=60)
+    down.start()
+    first, second = batch(12, trace=1), batch(5, trace=2)
+    assert down.submit(first)
+    assert down.submit(second)
+    assert down.stop()  # cannot reach the database: everything goes to the spool
+    assert down.snapshot().spooled == 17
+    assert len(spool.read_text().splitlines()) == 17
+    with spool.open("ab") as f:
+        f.write(b'{"trace_id":"0af7')  # a write torn by a crash
+
+    up = Writer(store, spool, batch_size=8, flush_interval=0.01)
+    up.start()
+    try:
+        wait_until(lambda: up.snapshot().replayed == 17)
+        wait_until(lambda: spool.stat().st_size == 0)
+        assert up.db_ok
+    finally:
+        assert up.stop()
+    assert stored_keys(store) == keys(first + second)
+    assert up.spool.corrupt == 1
+
+
+def test_a_partial_replay_is_safe(store: Engine, tmp_path: Path) -> None:
+    """Records already stored before a crash are replayed as duplicates, not stored twice."""
+    spool = tmp_path / "spool.jsonl"
+    records = batch(30)
+    db.insert_records(store, records[:10])
+    spool.write_text("".join(record_to_json(r) + "\n" for r in records))
+    writer = Writer(store, spool, batch_size=8)
+    assert writer.stop()  # never started: replays and drains inline
+    assert count(store) == 30
+    stats = writer.snapshot()
+    assert (stats.stored, stats.duplicates, stats.replayed) == (20, 10, 30)
+
+
+def test_writer_sets_aside_records_the_database_refuses(store: Engine, tmp_path: Path) -> None:
+    spool = tmp_path / "spool.jsonl"
+    records = batch(10)
+    records[6].engine = cast(str, None)  # NOT NULL violation: a data error, not an outage
+    writer = Writer(store, spool, batch_size=16)
+    writer.start()
+    assert writer.submit(records)
+    assert writer.stop()
+    stats = writer.snapshot()
+    assert (stats.stored, stats.rejected, stats.spooled) == (9, 1, 0)
+    assert writer.db_ok
+    assert stored_keys(store) == keys(records[:6] + records[7:])
+    rejected = writer.rejected_path.read_text().splitlines()
+    assert [record_from_json(line).span_id for line in rejected] == [records[6].span_id]
+
+
+def test_retention_deletes_old_rows(store: Engine, tmp_path: Path) -> None:
+    now = datetime.now(UTC)
+    old = batch(6, trace=1, start=now - timedelta(days=3))
+    recent = batch(4, trace=2, start=now - timedelta(hours=1))
+    writer = Writer(
+        store, tmp_path / "spool.jsonl", flush_interval=0.01, retention=timedelta(days=1), retention_interval=0.05
+    )
+    writer.start()
+    try:
+        assert writer.submit(old + recent)
+        wait_until(lambda: writer.snapshot().retention_deleted == 6 and count(store) == 4)
+    finally:
+        assert writer.stop()
+    assert stored_keys(store) == keys(recent)

@@ -219,6 +219,10 @@ def _utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+COALESCE_BATCHES = 8
+"""At most this many ``batch_size`` batches are written in one transaction when records are waiting."""
+
+
 class Writer:
     """Queue + background thread writing :class:`RequestRecord` batches to the store.
 
@@ -397,7 +401,8 @@ class Writer:
                 n = len(self._queue)
                 due = self._oldest is not None and now - self._oldest >= self.flush_interval
                 if n and (n >= self.batch_size or due or self._stopping or self._flush_requested):
-                    take = min(n, self.batch_size)
+                    # under a backlog, several batches go in one transaction (fewer commits)
+                    take = min(n, self.batch_size * COALESCE_BATCHES)
                     batch = [self._queue.popleft() for _ in range(take)]
                     if not self._queue:
                         self._oldest = None

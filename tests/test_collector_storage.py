@@ -150,7 +150,8 @@ def test_upgrade_creates_the_table(engine: Engine) -> None:
     columns = {c["name"] for c in insp.get_columns(REQUEST_TABLE.name)}
     assert columns == RECORD_FIELDS | {"id", "received_at"}
     indexed = {tuple(ix["column_names"]) for ix in insp.get_indexes(REQUEST_TABLE.name)}
-    assert {("start_time",), ("engine", "model", "start_time"), ("request_id",), (TTFT,), (E2E,)} <= indexed
+    assert {("start_time",), ("engine", "model", "start_time"), ("request_id",)} <= indexed
+    assert {(TTFT, "start_time", "engine", "model"), (E2E, "start_time", "engine", "model")} <= indexed
     uniques = [tuple(uc["column_names"]) for uc in insp.get_unique_constraints(REQUEST_TABLE.name)]
     assert uniques == [("trace_id", "span_id")]
 
@@ -330,7 +331,7 @@ def test_writer_stores_everything_submitted(store: Engine, tmp_path: Path) -> No
     assert stored_keys(store) == keys(submitted)
     stats = writer.snapshot()
     assert (stats.stored, stats.duplicates, stats.spooled, stats.write_errors) == (500, 50, 0, 0)
-    assert stats.batches >= 9
+    assert stats.batches >= 2  # batches of 64, several per transaction under a backlog
     assert stats.last_batch_seconds > 0
     assert writer.db_ok
     assert writer.queue_depth == 0

@@ -20,6 +20,7 @@ branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
 TABLE = "inference_requests"
+STATS_COLUMNS = ("time_to_first_token", "time_per_output_token", "request_duration", "request_queue")
 
 
 def upgrade() -> None:
@@ -59,13 +60,13 @@ def upgrade() -> None:
     op.create_index(op.f(f"ix_{TABLE}_start_time"), TABLE, ["start_time"])
     op.create_index(op.f(f"ix_{TABLE}_engine_model_start_time"), TABLE, ["engine", "model", "start_time"])
     op.create_index(op.f(f"ix_{TABLE}_request_id"), TABLE, ["request_id"])
-    op.create_index(op.f(f"ix_{TABLE}_time_to_first_token"), TABLE, ["time_to_first_token"])
-    op.create_index(op.f(f"ix_{TABLE}_request_duration"), TABLE, ["request_duration"])
+    for col in STATS_COLUMNS:
+        op.create_index(op.f(f"ix_{TABLE}_{col}_stats"), TABLE, [col, "start_time", "engine", "model"])
 
 
 def downgrade() -> None:
-    op.drop_index(op.f(f"ix_{TABLE}_request_duration"), table_name=TABLE)
-    op.drop_index(op.f(f"ix_{TABLE}_time_to_first_token"), table_name=TABLE)
+    for col in reversed(STATS_COLUMNS):
+        op.drop_index(op.f(f"ix_{TABLE}_{col}_stats"), table_name=TABLE)
     op.drop_index(op.f(f"ix_{TABLE}_request_id"), table_name=TABLE)
     op.drop_index(op.f(f"ix_{TABLE}_engine_model_start_time"), table_name=TABLE)
     op.drop_index(op.f(f"ix_{TABLE}_start_time"), table_name=TABLE)

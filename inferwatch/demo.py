@@ -89,7 +89,9 @@ def _latency(last: Scrape, earlier: Scrape | None, spec: V.MetricSpec, q: float)
     return f">= {_fmt(value, 's')}" if value is not None and value >= top else _fmt(value, "s")
 
 
-def view(members: list[Member], title: str) -> Table:
+def view(members: list[Member], title: str, exact: dict[str, float] | None = None) -> Table:
+    """The live table; ``exact`` is the collector's exact P99 TTFT per engine (from its stored requests)."""
+    exact = exact or {}
     table = Table(title=title, title_justify="left")
     for col in (
         "engine",
@@ -97,6 +99,7 @@ def view(members: list[Member], title: str) -> Table:
         "req/s",
         "TTFT p50",
         "TTFT p99",
+        "exact p99",
         "TPOT p50",
         "TPOT p99",
         "running",
@@ -108,7 +111,7 @@ def view(members: list[Member], title: str) -> Table:
     for m in members:
         earlier, last = m.window()
         if last is None:
-            table.add_row(m.engine, "…", *["-"] * 9)
+            table.add_row(m.engine, "…", *["-"] * 10)
             continue
         table.add_row(
             m.engine,
@@ -116,6 +119,7 @@ def view(members: list[Member], title: str) -> Table:
             _fmt(last.rate(earlier, V.REQUESTS.name)),
             _latency(last, earlier, V.TIME_TO_FIRST_TOKEN, 0.5),
             _latency(last, earlier, V.TIME_TO_FIRST_TOKEN, 0.99),
+            _fmt(exact.get(m.engine), "s"),
             _latency(last, earlier, V.TIME_PER_OUTPUT_TOKEN, 0.5),
             _latency(last, earlier, V.TIME_PER_OUTPUT_TOKEN, 0.99),
             _fmt(last.values.get(V.REQUESTS_RUNNING.name)),
@@ -124,6 +128,21 @@ def view(members: list[Member], title: str) -> Table:
             _fmt(last.rate(earlier, V.PREEMPTIONS.name)),
         )
     return table
+
+
+def exact_p99(client: httpx.Client, collector: str) -> dict[str, float]:
+    """P99 TTFT per engine over the view's window, computed by the collector from request rows."""
+    params = {"window": f"{WINDOW_SECONDS:g}s", "group_by": "engine"}
+    try:
+        body = client.get(f"{collector}/api/v1/stats", params=params, timeout=5).json()
+    except (httpx.HTTPError, ValueError):
+        return {}
+    out = {}
+    for entry in body.get("data", []):
+        p99 = (entry.get("time_to_first_token") or {}).get("p99")
+        if p99 is not None:
+            out[str(entry["engine"])] = float(p99)
+    return out
 
 
 def _scrape(client: httpx.Client, m: Member) -> None:
@@ -138,8 +157,10 @@ def run_demo(duration: float | None, vllm_profile: str, speed: float, base_port:
     console = Console()
     if not console.is_terminal:
         console = Console(width=160)
-    ports = free_ports(2 * len(ENGINES), base_port)
+    ports = free_ports(2 * len(ENGINES) + 2, base_port)
     members = [Member(e, ports[2 * i], ports[2 * i + 1]) for i, e in enumerate(ENGINES)]
+    collector_http, collector_grpc = ports[-2], ports[-1]
+    collector = f"http://127.0.0.1:{collector_http}"
     logdir = Path(tempfile.mkdtemp(prefix="inferwatch-demo-"))
     procs: list[subprocess.Popen[bytes]] = []
     py = [sys.executable, "-m", "inferwatch"]
@@ -152,6 +173,11 @@ def run_demo(duration: float | None, vllm_profile: str, speed: float, base_port:
     old_int = signal.signal(signal.SIGINT, stop)
     old_term = signal.signal(signal.SIGTERM, stop)
     try:
+        col_cmd = [*py, "collector", "serve", "--data-dir", str(logdir / "collector"), "--listen",
+                   f"127.0.0.1:{collector_http}", "--grpc-listen", f"127.0.0.1:{collector_grpc}",
+                   "--log-level", "warning"]  # fmt: skip
+        log = (logdir / "collector.log").open("wb")
+        procs.append(subprocess.Popen(col_cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
         for i, m in enumerate(members):
             profile = vllm_profile if m.engine == V.ENGINE_VLLM else "steady"
             sim = [
@@ -170,6 +196,11 @@ def run_demo(duration: float | None, vllm_profile: str, speed: float, base_port:
                 "--speed",
                 str(speed),
             ]
+            # spans go to the collector the way each engine sends them: vLLM and TGI over gRPC, trtllm over HTTP
+            if m.engine in (V.ENGINE_VLLM, V.ENGINE_TGI):
+                sim += ["--otlp-endpoint", f"http://127.0.0.1:{collector_grpc}", "--otlp-protocol", "grpc"]
+            elif m.engine == V.ENGINE_TRTLLM:
+                sim += ["--otlp-endpoint", f"{collector}/v1/traces"]
             exp = [
                 *py,
                 "exporter",
@@ -193,6 +224,7 @@ def run_demo(duration: float | None, vllm_profile: str, speed: float, base_port:
             table.add_column(col)
         for m in members:
             table.add_row(m.engine, m.sim_url, m.metrics_url)
+        table.add_row("collector", f"{collector}/api/v1/requests", f"{collector}/metrics")
         console.print(table)
         console.print(f"logs: {logdir}   profile of the simulated vLLM: {vllm_profile}   speed: {speed:g}x")
         console.print(
@@ -222,14 +254,18 @@ def run_demo(duration: float | None, vllm_profile: str, speed: float, base_port:
                 while not stopping and (deadline is None or time.monotonic() < deadline):
                     for m in members:
                         _scrape(client, m)
-                    title = f"inferwatch demo — last {WINDOW_SECONDS:g} s, read from the exporters"
+                    title = (
+                        f"inferwatch demo — last {WINDOW_SECONDS:g} s, read from the exporters "
+                        "(exact p99: from the collector's request rows)"
+                    )
+                    exact = exact_p99(client, collector)
                     if display is not None:
-                        display.update(view(members, title))
+                        display.update(view(members, title, exact))
                     elif time.monotonic() - last_print >= 5:
-                        console.print(view(members, title))
+                        console.print(view(members, title, exact))
                         last_print = time.monotonic()
                     time.sleep(1.0)
-            console.print(view(members, "final state (read from the exporters)"))
+            console.print(view(members, "final state (read from the exporters)", exact_p99(client, collector)))
         return 0
     finally:
         signal.signal(signal.SIGINT, old_int)

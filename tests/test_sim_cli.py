@@ -98,6 +98,9 @@ def test_demo_runs_the_fleet_and_stops_everything() -> None:
         assert cells[2] not in ("-", "0"), f"{engine} shows no traffic: {row}"
     vllm_cells = [c.strip() for c in rows[V.ENGINE_VLLM].split("│")[1:-1]]
     assert vllm_cells[-1] not in ("-", "0"), "kv-pressure should show vLLM preemptions"
-    assert "stopped 8 processes" in proc.stdout
+    for engine in (V.ENGINE_VLLM, V.ENGINE_TGI, V.ENGINE_TRTLLM):  # spans reached the collector
+        cells = [c.strip() for c in rows[engine].split("│")[1:-1]]
+        assert cells[5] != "-", f"no exact p99 from the collector for {engine}: {rows[engine]}"
+    assert "stopped 9 processes" in proc.stdout
     leftover = subprocess.run(["pgrep", "-f", "inferwatch simulate --engine"], capture_output=True, text=True)
     assert leftover.stdout.strip() == "", "demo left simulator processes behind"

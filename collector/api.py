@@ -243,9 +243,9 @@ def compute_stats(
                 entry[group_by] = key
             # one field per thread: the database walks its indexes outside the GIL
             with ThreadPoolExecutor(max_workers=len(STAT_FIELDS)) as pool:
-                results = pool.map(lambda f: _percentiles(engine, t, f, cond, int(m[f"n_{f}"])), STAT_FIELDS)
-                for field, pct in zip(STAT_FIELDS, results, strict=True):
-                    entry[field] = {"count": int(m[f"n_{field}"]), **pct}
+                futures = [pool.submit(_percentiles, engine, t, f, cond, int(m[f"n_{f}"])) for f in STAT_FIELDS]
+                for field, future in zip(STAT_FIELDS, futures, strict=True):
+                    entry[field] = {"count": int(m[f"n_{field}"]), **future.result()}
             if slos:
                 good_n = int(m["good"] or 0)
                 entry["goodput"] = {

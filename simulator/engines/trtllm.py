@@ -69,6 +69,8 @@ from starlette.routing import Mount
 from starlette.types import Receive, Scope, Send
 
 from simulator.base import EngineMetrics, SimulatedEngine, count_tokens, ns, parent_context
+from simulator.buckets import ITL_BUCKETS as TPOT_BUCKETS
+from simulator.buckets import LATENCY_BUCKETS, TTFT_BUCKETS
 from simulator.model import Finish, Sequence, StepReport
 
 VERSION = "1.3.0rc10"
@@ -95,74 +97,6 @@ SCHEDULED_BATCH_SIZE = P + "scheduled_batch_size"
 REQUEST_SUCCESS = P + "request_success_total"
 REQUEST_ERROR = P + "request_error_total"
 
-LATENCY_BUCKETS = (
-    0.3,
-    0.5,
-    0.8,
-    1.0,
-    1.5,
-    2.0,
-    2.5,
-    5.0,
-    10.0,
-    15.0,
-    20.0,
-    30.0,
-    40.0,
-    50.0,
-    60.0,
-    120.0,
-    240.0,
-    480.0,
-    960.0,
-    1920.0,
-    7680.0,
-)
-TTFT_BUCKETS = (
-    0.001,
-    0.005,
-    0.01,
-    0.02,
-    0.04,
-    0.06,
-    0.08,
-    0.1,
-    0.25,
-    0.5,
-    0.75,
-    1.0,
-    2.5,
-    5.0,
-    7.5,
-    10.0,
-    20.0,
-    40.0,
-    80.0,
-    160.0,
-    640.0,
-    2560.0,
-)
-TPOT_BUCKETS = (
-    0.01,
-    0.025,
-    0.05,
-    0.075,
-    0.1,
-    0.15,
-    0.2,
-    0.3,
-    0.4,
-    0.5,
-    0.75,
-    1.0,
-    2.5,
-    5.0,
-    7.5,
-    10.0,
-    20.0,
-    40.0,
-    80.0,
-)
 PREFILL_BUCKETS = (
     0.001,
     0.005,

@@ -13,6 +13,7 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator
+from collections.abc import Sequence as Seq
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -31,6 +32,7 @@ from prometheus_client.process_collector import ProcessCollector
 from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoint
 
 from simulator.base import EngineMetrics, SimulatedEngine, count_tokens, finish_word, ns, parent_context
+from simulator.buckets import ITL_BUCKETS, LATENCY_BUCKETS, TTFT_BUCKETS
 from simulator.model import Finish, Sequence, StepReport
 
 VERSION = "0.33.0"
@@ -38,74 +40,6 @@ SCOPE = "vllm.tracing.otel"
 SPAN_NAME = "llm_request"
 LABELS = ["model_name", "engine"]
 FINISHED_REASONS = ("stop", "length", "abort", "error", "repetition")
-TTFT_BUCKETS = [
-    0.001,
-    0.005,
-    0.01,
-    0.02,
-    0.04,
-    0.06,
-    0.08,
-    0.1,
-    0.25,
-    0.5,
-    0.75,
-    1.0,
-    2.5,
-    5.0,
-    7.5,
-    10.0,
-    20.0,
-    40.0,
-    80.0,
-    160.0,
-    640.0,
-    2560.0,
-]
-ITL_BUCKETS = [
-    0.01,
-    0.025,
-    0.05,
-    0.075,
-    0.1,
-    0.15,
-    0.2,
-    0.3,
-    0.4,
-    0.5,
-    0.75,
-    1.0,
-    2.5,
-    5.0,
-    7.5,
-    10.0,
-    20.0,
-    40.0,
-    80.0,
-]
-LATENCY_BUCKETS = [
-    0.3,
-    0.5,
-    0.8,
-    1.0,
-    1.5,
-    2.0,
-    2.5,
-    5.0,
-    10.0,
-    15.0,
-    20.0,
-    30.0,
-    40.0,
-    50.0,
-    60.0,
-    120.0,
-    240.0,
-    480.0,
-    960.0,
-    1920.0,
-    7680.0,
-]
 ITERATION_BUCKETS: list[float] = [1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]
 N_BUCKETS: list[float] = [1, 2, 5, 10, 20]
 PREEMPTION_BUCKETS: list[float] = [1, 2, 3, 4, 5, 10, 20]
@@ -167,7 +101,7 @@ class VllmMetrics(EngineMetrics):
         def gauge(name: str, doc: str, extra: list[str] | None = None) -> Gauge:
             return Gauge(name, doc, labelnames=LABELS + (extra or []), registry=reg)
 
-        def hist(name: str, doc: str, buckets: list[float]) -> Any:
+        def hist(name: str, doc: str, buckets: Seq[float]) -> Any:
             return Histogram(name, doc, labelnames=LABELS, buckets=buckets, registry=reg).labels(**lab)
 
         mfu = "(for Model Flops Utilization calculations)."

@@ -364,6 +364,44 @@ def db_upgrade(
     err.print(f"database at revision {db.current_revision(engine)}")
 
 
+generate_app = typer.Typer(help="Generate monitoring artifacts from the vocabulary and SLO files.", no_args_is_help=True)
+app.add_typer(generate_app, name="generate")
+
+
+@generate_app.command("alerts")
+def generate_alerts(
+    slo: Annotated[Path, typer.Option(help="SLO file (YAML).")] = Path("alerts/slos.yaml"),
+    out: Annotated[Path, typer.Option(help="Output directory.")] = Path("alerts/generated"),
+    check: Annotated[bool, typer.Option(help="Do not write: exit 1 when the files on disk differ.")] = False,
+) -> None:
+    """Prometheus recording rules, burn-rate and saturation alerts, Alertmanager routing and runbooks.
+
+    Writes rules.yml, alertmanager.yml and runbooks.md (deterministic, "generated, do not edit").
+    Latency thresholds must be canonical bucket boundaries (INFERWATCH_SLO_THRESHOLDS adds some).
+    """
+    from alerts.generate import generate
+    from alerts.spec import SLOFileError, load
+
+    vocab = _settings().vocabulary()
+    try:
+        spec = load(slo, vocab)
+    except SLOFileError as exc:
+        raise _fail(str(exc)) from None
+    files = generate(spec, vocab, source=slo.name)
+    stale = []
+    for name, content in files.items():
+        path = out / name
+        if check:
+            if not path.exists() or path.read_text() != content:
+                stale.append(str(path))
+            continue
+        out.mkdir(parents=True, exist_ok=True)
+        path.write_text(content)
+        err.print(f"wrote {path}")
+    if stale:
+        raise _fail("stale generated files (run `inferwatch generate alerts`): " + ", ".join(stale), code=1)
+
+
 @app.command()
 def simulate(
     engine: Annotated[SimEngine, typer.Option(help="Which engine's wire formats to simulate.")],

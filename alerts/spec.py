@@ -1,0 +1,248 @@
+"""The SLO file (``slos.yaml``): parsing and validation with errors that name the line and the field."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from decimal import Decimal, InvalidOperation
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from inferwatch import vocabulary as V
+
+_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,62}[a-z0-9])?$")
+_LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+_DURATION = re.compile(r"^(\d+)([mhdw])$")
+_HOURS = {"m": 1 / 60, "h": 1, "d": 24, "w": 168}
+
+
+class SLOFileError(ValueError):
+    """The SLO file is invalid; the message names the file, line and field."""
+
+
+def period_hours(period: str) -> float:
+    m = _DURATION.match(period)
+    if not m:
+        raise ValueError(f"period {period!r} must be a number of m, h, d or w (e.g. 30d)")
+    return int(m.group(1)) * _HOURS[m.group(2)]
+
+
+class LatencyIndicator(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    metric: str
+    threshold_seconds: float = Field(gt=0)
+
+    @field_validator("metric")
+    @classmethod
+    def _metric(cls, value: str) -> str:
+        keys = [s.key for s in V.LATENCY_HISTOGRAMS]
+        if value not in keys:
+            raise ValueError(f"unknown latency metric {value!r}; one of: {', '.join(keys)}")
+        return value
+
+
+class ErrorsIndicator(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Indicator(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    latency: LatencyIndicator | None = None
+    errors: ErrorsIndicator | None = None
+
+    @model_validator(mode="after")
+    def _one(self) -> Indicator:
+        if (self.latency is None) == (self.errors is None):
+            raise ValueError("give exactly one of latency: {...} or errors: {}")
+        return self
+
+
+class SLO(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    description: str = ""
+    objective: float = Field(gt=0, lt=100, description="percent of good events")
+    period: str = "30d"
+    indicator: Indicator
+    selector: dict[str, str] = Field(default_factory=dict)
+    group_by: list[str] = Field(default_factory=list)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not _NAME.match(value):
+            raise ValueError(f"{value!r}: use lowercase letters, digits and dashes (e.g. ttft-500ms)")
+        return value
+
+    @field_validator("period")
+    @classmethod
+    def _period(cls, value: str) -> str:
+        hours = period_hours(value)
+        if hours < 72:
+            raise ValueError(f"period {value!r} is shorter than the longest alert window (3d)")
+        return value
+
+    @field_validator("selector")
+    @classmethod
+    def _selector(cls, value: dict[str, str]) -> dict[str, str]:
+        for k in value:
+            if not _LABEL.match(k):
+                raise ValueError(f"{k!r} is not a label name")
+        return value
+
+    @field_validator("group_by")
+    @classmethod
+    def _group_by(cls, value: list[str]) -> list[str]:
+        for k in value:
+            if not _LABEL.match(k) or k in (V.SLO_LABEL, V.SEVERITY_LABEL, V.LABEL_LE):
+                raise ValueError(f"{k!r} cannot be a group_by label")
+        return value
+
+    @property
+    def error_budget(self) -> Decimal:
+        """1 - objective, exact (``99.9`` -> ``0.001``)."""
+        return (Decimal(100) - Decimal(str(self.objective))) / Decimal(100)
+
+    @property
+    def objective_ratio(self) -> Decimal:
+        return Decimal(str(self.objective)) / Decimal(100)
+
+
+class AlertSettings(BaseModel):
+    """Thresholds, durations and severities of the saturation and health alerts."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kv_cache_saturated_ratio: float = Field(0.95, gt=0, le=1)
+    kv_cache_saturated_for: str = "5m"
+    kv_cache_prediction_window: str = "30m"
+    kv_cache_prediction_horizon_minutes: int = Field(15, gt=0)
+    kv_cache_prediction_for: str = "5m"
+    preemptions_for: str = "10m"
+    queue_growth_window: str = "10m"
+    queue_growth_min_increase: float = Field(5, gt=0)
+    queue_running_flat_tolerance: float = Field(1, ge=0)
+    queue_growth_for: str = "5m"
+    target_down_for: str = "2m"
+    metrics_absent_for: str = "10m"
+    severities: dict[str, Literal["page", "ticket"]] = Field(default_factory=dict)
+    runbook_base_url: str = "alerts/runbooks.md"
+    webhook_url: str = "http://127.0.0.1:4318/api/v1/alerts/webhook"
+
+    @field_validator(
+        "kv_cache_saturated_for", "kv_cache_prediction_window", "kv_cache_prediction_for", "preemptions_for",
+        "queue_growth_window", "queue_growth_for", "target_down_for", "metrics_absent_for",
+    )  # fmt: skip
+    @classmethod
+    def _durations(cls, value: str) -> str:
+        if not re.match(r"^\d+[smhd]$", value):
+            raise ValueError(f"{value!r} is not a Prometheus duration like 5m")
+        return value
+
+
+class SLOFile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    service: str = "llm-serving"
+    slos: list[SLO] = Field(min_length=1)
+    alerts: AlertSettings = Field(default_factory=AlertSettings)
+
+    @model_validator(mode="after")
+    def _unique(self) -> SLOFile:
+        seen: set[str] = set()
+        for slo in self.slos:
+            if slo.name in seen:
+                raise ValueError(f"two SLOs are named {slo.name!r}")
+            seen.add(slo.name)
+        return self
+
+
+@dataclass
+class Located:
+    """A parsed SLO file with the YAML line of every node path (for error messages)."""
+
+    spec: SLOFile
+    lines: dict[tuple[Any, ...], int] = field(default_factory=dict)
+
+
+def _index_lines(node: yaml.Node, path: tuple[Any, ...], out: dict[tuple[Any, ...], int]) -> None:
+    out[path] = node.start_mark.line + 1
+    if isinstance(node, yaml.MappingNode):
+        for key, value in node.value:
+            out[(*path, key.value)] = key.start_mark.line + 1
+            _index_lines(value, (*path, key.value), out)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _index_lines(item, (*path, i), out)
+
+
+def _line_for(lines: dict[tuple[Any, ...], int], loc: tuple[Any, ...]) -> int | None:
+    for cut in range(len(loc), -1, -1):
+        if loc[:cut] in lines:
+            return lines[loc[:cut]]
+    return None
+
+
+def load(path: Path, vocabulary: V.Vocabulary) -> SLOFile:
+    """Read and validate an SLO file. Latency thresholds must be canonical bucket boundaries."""
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise SLOFileError(f"{path}: cannot read: {exc.strerror}") from None
+    return parse(text, str(path), vocabulary)
+
+
+def parse(text: str, source: str, vocabulary: V.Vocabulary) -> SLOFile:
+    try:
+        node = yaml.compose(text)
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f":{mark.line + 1}" if mark is not None else ""
+        raise SLOFileError(f"{source}{where}: not valid YAML: {getattr(exc, 'problem', exc)}") from None
+    if not isinstance(raw, dict) or node is None:
+        raise SLOFileError(f"{source}: expected a mapping with 'slos:'")
+    lines: dict[tuple[Any, ...], int] = {}
+    _index_lines(node, (), lines)
+    try:
+        spec = SLOFile.model_validate(raw)
+    except ValidationError as exc:
+        msgs = []
+        for err in exc.errors():
+            loc = tuple(err["loc"])
+            line = _line_for(lines, loc)
+            field_path = ".".join(str(p) for p in loc) or "(top level)"
+            msgs.append(f"{source}:{line or '?'}: {field_path}: {err['msg']}")
+        raise SLOFileError("\n".join(msgs)) from None
+    for i, slo in enumerate(spec.slos):
+        lat = slo.indicator.latency
+        if lat is None:
+            continue
+        metric = V.metric_by_key(lat.metric)
+        bounds = vocabulary.buckets(metric)
+        if float(lat.threshold_seconds) not in bounds:
+            line = _line_for(lines, ("slos", i, "indicator", "latency", "threshold_seconds"))
+            shown = ", ".join(V.format_le(b) for b in bounds)
+            raise SLOFileError(
+                f"{source}:{line or '?'}: slos.{i}.indicator.latency.threshold_seconds: {lat.threshold_seconds} s is "
+                f"not a bucket boundary of {metric.name}, so the exporters would not expose it exactly (an SLI on it "
+                f"would silently never fire). Use one of {shown}, or add it to the layout for exporters and "
+                f'generator alike: INFERWATCH_SLO_THRESHOLDS=\'{{"{lat.metric}": [{lat.threshold_seconds}]}}\''
+            )
+    return spec
+
+
+def decimal_text(value: Decimal | float) -> str:
+    """A number written deliberately (no float noise): ``0.001``, ``14.4``, ``1``."""
+    try:
+        d = Decimal(str(value)).normalize()
+    except InvalidOperation:
+        return str(value)
+    text = format(d, "f")
+    return text

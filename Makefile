@@ -37,15 +37,18 @@ test: install ## run the whole test suite (real promtool; CI=1 turns skips of re
 
 bench: $(STAMP) ## benchmarks (exit non-zero when a target ratio is missed)
 	$(PY) bench/exporter.py
+	$(PY) bench/collector.py
 
 demo: $(STAMP) ## the exporter end to end on replayed engine payloads (no Docker, no engine)
 	$(PY) -m inferwatch demo --duration 30
 
 goldens: $(STAMP) ## rewrite golden files after an intended change (review the diff!)
 	$(PY) -m pytest -q tests/test_goldens.py tests/test_coverage.py --update-goldens
+	$(PY) -m inferwatch generate alerts --slo alerts/slos.yaml --out alerts/generated
 
 check-generated: $(STAMP) ## fail when a committed generated file is stale
 	$(PY) -m pytest -q tests/test_goldens.py tests/test_coverage.py
+	$(PY) -m inferwatch generate alerts --slo alerts/slos.yaml --out alerts/generated --check
 
 clean: ## remove the virtualenv and caches
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

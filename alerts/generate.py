@@ -45,9 +45,7 @@ BURN_PAIRS: tuple[BurnPair, ...] = (
 
 def burn_factor(pair: BurnPair, slo: SLO) -> Decimal:
     """(budget consumed) x period / long window: 14.4, 6, 3 and 1 for a 30-day period."""
-    return (pair.budget_percent / 100) * Decimal(str(period_hours(slo.period))) / Decimal(
-        str(period_hours(pair.long))
-    )
+    return (pair.budget_percent / 100) * Decimal(str(period_hours(slo.period))) / Decimal(str(period_hours(pair.long)))
 
 
 def _matchers(selector: dict[str, str], extra: dict[str, str] | None = None) -> str:
@@ -115,17 +113,14 @@ def slo_rules(slo: SLO, vocabulary: V.Vocabulary) -> list[dict[str, Any]]:
 
 
 def burn_alerts(slo: SLO, settings: SLOFile) -> list[dict[str, Any]]:
-    """SLOErrorBudgetBurn: one rule per (severity, long, short) pair, both windows above factor x budget."""
+    """The burn-rate alert: one rule per (severity, long, short) pair, both windows above factor x budget."""
     budget = slo.error_budget
     sel = _matchers({V.SLO_LABEL: slo.name})
     out = []
     for pair in BURN_PAIRS:
         factor = burn_factor(pair, slo)
         limit = decimal_text((factor * budget).quantize(Decimal("1e-12")).normalize())
-        expr = (
-            f"{V.slo_error_ratio(pair.long)}{sel} > {limit}\n"
-            f"and\n{V.slo_error_ratio(pair.short)}{sel} > {limit}"
-        )
+        expr = f"{V.slo_error_ratio(pair.long)}{sel} > {limit}\nand\n{V.slo_error_ratio(pair.short)}{sel} > {limit}"
         what = slo.description or slo.name
         out.append(
             {
@@ -144,8 +139,7 @@ def burn_alerts(slo: SLO, settings: SLOFile) -> list[dict[str, Any]]:
                         "{{ $value | humanizePercentage }}, "
                         f"{decimal_text(factor)}x the budget rate ({decimal_text(budget)}), and over {pair.short} too; "
                         f"at this pace {decimal_text(pair.budget_percent)}% of the {slo.period} budget is gone in "
-                        f"{pair.long}. Likely cause: "
-                        + _slo_cause(slo)
+                        f"{pair.long}. Likely cause: " + _slo_cause(slo)
                     ),
                     "runbook_url": f"{settings.alerts.runbook_base_url}#{V.ALERT_SLO_BURN.lower()}",
                 },
@@ -243,8 +237,8 @@ def saturation_alerts(settings: SLOFile) -> list[dict[str, Any]]:
         ),
         rule(
             V.ALERT_QUEUE_BACKLOG_GROWING,
-            f"sum without ({V.LABEL_DP_RANK}) (delta({waiting}[{a.queue_growth_window}])) > {a.queue_growth_min_increase}"
-            f"\nand\nabs(sum without ({V.LABEL_DP_RANK}) (delta({running}[{a.queue_growth_window}]))) "
+            f"sum without ({V.LABEL_DP_RANK}) (delta({waiting}[{a.queue_growth_window}]))"
+            f" > {a.queue_growth_min_increase}\nand\nabs(sum without ({V.LABEL_DP_RANK}) (delta({running}[{a.queue_growth_window}]))) "
             f"<= {a.queue_running_flat_tolerance}",
             a.queue_growth_for,
             "Requests are queueing faster than the engine serves them.",
@@ -257,8 +251,8 @@ def saturation_alerts(settings: SLOFile) -> list[dict[str, Any]]:
             f"{V.EXPORTER_UP.name} == 0",
             a.target_down_for,
             "An inferwatch exporter cannot scrape its engine.",
-            "The exporter for {{ $labels.target }} ({{ $labels.engine }}) has failed to scrape it for "
-            f"{a.target_down_for}: the engine is down, hung or answering garbage. Check the engine process and "
+            "The exporter for {{ $labels.target }} ({{ $labels.engine }}, up = {{ $value }}) has failed to scrape "
+            f"it for {a.target_down_for}: the engine is down, hung or answering garbage. Check the engine process and "
             "the exporter's log.",
         ),
         rule(
@@ -267,7 +261,8 @@ def saturation_alerts(settings: SLOFile) -> list[dict[str, Any]]:
             f'count by (job, instance) ({{__name__=~"{canonical}"}})',
             a.metrics_absent_for,
             "An engine answers but exposes no LLM metrics.",
-            "The exporter for {{ $labels.target }} scrapes its engine, but no canonical series come out: the "
+            "The exporter for {{ $labels.target }} scrapes its engine (up = {{ $value }}), but no canonical series "
+            "come out: the "
             "engine's metrics are disabled (vLLM --disable-log-stats, trtllm-serve without return_perf_metrics), "
             f"renamed (see {V.EXPORTER_UNMAPPED_FAMILIES.name}) or the engine was never used since it started.",
         ),
@@ -277,8 +272,9 @@ def saturation_alerts(settings: SLOFile) -> list[dict[str, Any]]:
 def rules_document(spec: SLOFile, vocabulary: V.Vocabulary) -> dict[str, Any]:
     groups: list[dict[str, Any]] = []
     for slo in spec.slos:
-        groups.append({"name": f"inferwatch-slo-{slo.name}-recordings", "interval": "30s",
-                       "rules": slo_rules(slo, vocabulary)})  # fmt: skip
+        groups.append(
+            {"name": f"inferwatch-slo-{slo.name}-recordings", "interval": "30s", "rules": slo_rules(slo, vocabulary)}
+        )
         groups.append({"name": f"inferwatch-slo-{slo.name}-alerts", "rules": burn_alerts(slo, spec)})
     groups.append({"name": "inferwatch-llm-saturation", "rules": saturation_alerts(spec)})
     return {"groups": groups}
@@ -295,10 +291,16 @@ def alertmanager_document(spec: SLOFile) -> dict[str, Any]:
             "group_interval": "5m",
             "repeat_interval": "4h",
             "routes": [
-                {"matchers": [f'{V.SEVERITY_LABEL}="{V.SEVERITY_PAGE}"'], "receiver": "inferwatch-page",
-                 "repeat_interval": "1h"},  # fmt: skip
-                {"matchers": [f'{V.SEVERITY_LABEL}="{V.SEVERITY_TICKET}"'], "receiver": "inferwatch-ticket",
-                 "repeat_interval": "12h"},  # fmt: skip
+                {
+                    "matchers": [f'{V.SEVERITY_LABEL}="{V.SEVERITY_PAGE}"'],
+                    "receiver": "inferwatch-page",
+                    "repeat_interval": "1h",
+                },
+                {
+                    "matchers": [f'{V.SEVERITY_LABEL}="{V.SEVERITY_TICKET}"'],
+                    "receiver": "inferwatch-ticket",
+                    "repeat_interval": "12h",
+                },
             ],
         },
         "inhibit_rules": [
@@ -310,10 +312,14 @@ def alertmanager_document(spec: SLOFile) -> dict[str, Any]:
         ],
         "receivers": [
             {"name": "inferwatch-default", "webhook_configs": [{"url": url, "send_resolved": True}]},
-            {"name": "inferwatch-page",
-             "webhook_configs": [{"url": f"{url}{sep}severity=page", "send_resolved": True}]},  # fmt: skip
-            {"name": "inferwatch-ticket",
-             "webhook_configs": [{"url": f"{url}{sep}severity=ticket", "send_resolved": True}]},  # fmt: skip
+            {
+                "name": "inferwatch-page",
+                "webhook_configs": [{"url": f"{url}{sep}severity=page", "send_resolved": True}],
+            },
+            {
+                "name": "inferwatch-ticket",
+                "webhook_configs": [{"url": f"{url}{sep}severity=ticket", "send_resolved": True}],
+            },
         ],
     }
 
@@ -323,7 +329,7 @@ RUNBOOK: dict[str, tuple[str, str, str]] = {
         "An SLO's error budget is being consumed faster than its period allows. `severity=page`: at this pace "
         "2 % (1h/5m) or 5 % (6h/30m) of the budget is gone within the long window; `severity=ticket`: 10 % within "
         "1d or 3d.",
-        f"Open the LLM SLOs dashboard; query `{V.slo_error_ratio('5m')}{{slo=\"…\"}}` and the windows of the "
+        f'Open the LLM SLOs dashboard; query `{V.slo_error_ratio("5m")}{{slo="…"}}` and the windows of the '
         "alert's labels; list the slowest requests with the collector (`/api/v1/requests?sort=time_to_first_token`).",
         "Match the symptom: P99 high → queue backlog → cut concurrency; slow TTFT → long prompts → chunked prefill; "
         "slow TPOT → model too big → quantize or add tensor parallelism; errors → the engine's log.",
@@ -357,7 +363,8 @@ RUNBOOK: dict[str, tuple[str, str, str]] = {
     ),
     V.ALERT_ENGINE_METRICS_ABSENT: (
         "The engine answers but no canonical series come out of the exporter.",
-        f"`inferwatch exporter translate` on a captured scrape with `--explain`; `{V.EXPORTER_UNMAPPED_FAMILIES.name}`.",
+        "`inferwatch exporter translate` on a captured scrape with `--explain`; "
+        f"`{V.EXPORTER_UNMAPPED_FAMILIES.name}`.",
         "Enable the engine's metrics (vLLM without --disable-log-stats, trtllm-serve return_perf_metrics), or map "
         "the renamed families in the engine's adapter.",
     ),
@@ -395,8 +402,17 @@ def runbooks(source: str) -> str:
         "",
     ]
     for name, (means, confirm, act) in RUNBOOK.items():
-        lines += [f'<a id="{name.lower()}"></a>', f"## {name}", "", f"**What it means.** {means}", "",
-                  f"**How to confirm.** {confirm}", "", f"**What to do.** {act}", ""]  # fmt: skip
+        lines += [
+            f'<a id="{name.lower()}"></a>',
+            f"## {name}",
+            "",
+            f"**What it means.** {means}",
+            "",
+            f"**How to confirm.** {confirm}",
+            "",
+            f"**What to do.** {act}",
+            "",
+        ]
     return "\n".join(lines)
 
 

@@ -136,9 +136,15 @@ class AlertSettings(BaseModel):
     webhook_url: str = "http://127.0.0.1:4318/api/v1/alerts/webhook"
 
     @field_validator(
-        "kv_cache_saturated_for", "kv_cache_prediction_window", "kv_cache_prediction_for", "preemptions_for",
-        "queue_growth_window", "queue_growth_for", "target_down_for", "metrics_absent_for",
-    )  # fmt: skip
+        "kv_cache_saturated_for",
+        "kv_cache_prediction_window",
+        "kv_cache_prediction_for",
+        "preemptions_for",
+        "queue_growth_window",
+        "queue_growth_for",
+        "target_down_for",
+        "metrics_absent_for",
+    )
     @classmethod
     def _durations(cls, value: str) -> str:
         if not re.match(r"^\d+[smhd]$", value):
@@ -233,7 +239,7 @@ def parse(text: str, source: str, vocabulary: V.Vocabulary) -> SLOFile:
                 f"{source}:{line or '?'}: slos.{i}.indicator.latency.threshold_seconds: {lat.threshold_seconds} s is "
                 f"not a bucket boundary of {metric.name}, so the exporters would not expose it exactly (an SLI on it "
                 f"would silently never fire). Use one of {shown}, or add it to the layout for exporters and "
-                f'generator alike: INFERWATCH_SLO_THRESHOLDS=\'{{"{lat.metric}": [{lat.threshold_seconds}]}}\''
+                f"generator alike: INFERWATCH_SLO_THRESHOLDS='{{\"{lat.metric}\": [{lat.threshold_seconds}]}}'"
             )
     return spec
 

@@ -364,7 +364,9 @@ def db_upgrade(
     err.print(f"database at revision {db.current_revision(engine)}")
 
 
-generate_app = typer.Typer(help="Generate monitoring artifacts from the vocabulary and SLO files.", no_args_is_help=True)
+generate_app = typer.Typer(
+    help="Generate monitoring artifacts from the vocabulary and SLO files.", no_args_is_help=True
+)
 app.add_typer(generate_app, name="generate")
 
 

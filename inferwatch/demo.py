@@ -173,9 +173,19 @@ def run_demo(duration: float | None, vllm_profile: str, speed: float, base_port:
     old_int = signal.signal(signal.SIGINT, stop)
     old_term = signal.signal(signal.SIGTERM, stop)
     try:
-        col_cmd = [*py, "collector", "serve", "--data-dir", str(logdir / "collector"), "--listen",
-                   f"127.0.0.1:{collector_http}", "--grpc-listen", f"127.0.0.1:{collector_grpc}",
-                   "--log-level", "warning"]  # fmt: skip
+        col_cmd = [
+            *py,
+            "collector",
+            "serve",
+            "--data-dir",
+            str(logdir / "collector"),
+            "--listen",
+            f"127.0.0.1:{collector_http}",
+            "--grpc-listen",
+            f"127.0.0.1:{collector_grpc}",
+            "--log-level",
+            "warning",
+        ]
         log = (logdir / "collector.log").open("wb")
         procs.append(subprocess.Popen(col_cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
         for i, m in enumerate(members):

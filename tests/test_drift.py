@@ -87,3 +87,31 @@ def test_drift_check_catches_a_stray_name(tmp_path: Path) -> None:
     """The scanner itself works: a canonical name in a string literal is found."""
     stray = 'QUERY = "rate(' + V.PROMPT_TOKENS.name + '[5m])"\n'
     assert any(t in canonical_tokens() for t in TOKEN.findall(stray))
+
+
+def test_rule_and_alert_names_spelled_once() -> None:
+    """Recording-rule and alert names live in the vocabulary; generators and tests import them."""
+    names = [
+        V.SLO_ERROR_RATIO_PREFIX,
+        V.SLO_OBJECTIVE_RECORD,
+        V.SLO_ERROR_BUDGET_RECORD,
+        V.SLO_PERIOD_ERROR_RATIO_RECORD,
+        V.SLO_BUDGET_REMAINING_RECORD,
+        V.SLO_INFO_RECORD,
+        V.ALERT_SLO_BURN,
+        V.ALERT_KV_SATURATED,
+        V.ALERT_KV_EXHAUSTION_PREDICTED,
+        V.ALERT_PREEMPTIONS_SUSTAINED,
+        V.ALERT_QUEUE_BACKLOG_GROWING,
+        V.ALERT_EXPORTER_TARGET_DOWN,
+        V.ALERT_ENGINE_METRICS_ABSENT,
+    ]
+    offenders = []
+    for path in python_files():
+        if path == VOCABULARY_FILE:
+            continue
+        text = path.read_text()
+        for name in names:
+            if name in text:
+                offenders.append(f"{path.relative_to(ROOT)}: {name}")
+    assert not offenders, "rule or alert names spelled outside inferwatch/vocabulary.py:\n" + "\n".join(offenders)

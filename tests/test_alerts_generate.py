@@ -1,0 +1,130 @@
+"""The SLO generator: goldens, validation errors that name line and field, burn factors, CLI."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from alerts.generate import BURN_PAIRS, burn_factor, generate
+from alerts.spec import SLOFileError, load, parse
+from inferwatch import vocabulary as V
+from inferwatch.cli import app
+
+from .conftest import ROOT
+
+SLOS = ROOT / "alerts" / "slos.yaml"
+GENERATED = ROOT / "alerts" / "generated"
+
+
+def test_goldens_regenerate_byte_for_byte(update_goldens: bool) -> None:
+    files = generate(load(SLOS, V.Vocabulary()), V.Vocabulary(), source=SLOS.name)
+    assert set(files) == {"rules.yml", "alertmanager.yml", "runbooks.md"}
+    for name, content in files.items():
+        path = GENERATED / name
+        if update_goldens:
+            path.write_text(content)
+        assert path.read_text() == content, f"{path} is stale: run `make goldens`"
+        assert "do not edit" in content.splitlines()[0]
+
+
+def test_deterministic() -> None:
+    spec = load(SLOS, V.Vocabulary())
+    assert generate(spec, V.Vocabulary()) == generate(spec, V.Vocabulary())
+
+
+def test_every_alert_has_severity_summary_description_runbook() -> None:
+    rules = yaml.safe_load(generate(load(SLOS, V.Vocabulary()), V.Vocabulary())["rules.yml"])
+    alerts = [r for g in rules["groups"] for r in g["rules"] if "alert" in r]
+    names = {a["alert"] for a in alerts}
+    assert names == {
+        V.ALERT_SLO_BURN,
+        V.ALERT_KV_SATURATED,
+        V.ALERT_KV_EXHAUSTION_PREDICTED,
+        V.ALERT_PREEMPTIONS_SUSTAINED,
+        V.ALERT_QUEUE_BACKLOG_GROWING,
+        V.ALERT_EXPORTER_TARGET_DOWN,
+        V.ALERT_ENGINE_METRICS_ABSENT,
+    }
+    runbook = (GENERATED / "runbooks.md").read_text()
+    for a in alerts:
+        assert a["labels"][V.SEVERITY_LABEL] in (V.SEVERITY_PAGE, V.SEVERITY_TICKET)
+        summary = a["annotations"]["summary"]
+        assert summary[0].isupper() and summary.endswith(".") and "{{" not in summary
+        assert "$value" in a["annotations"]["description"]
+        anchor = a["annotations"]["runbook_url"].split("#", 1)[1]
+        assert f'<a id="{anchor}"></a>' in runbook
+    burns = [a for a in alerts if a["alert"] == V.ALERT_SLO_BURN]
+    assert len(burns) == 4 * 4
+    assert all(
+        set(a["labels"]) == {V.SLO_LABEL, V.SEVERITY_LABEL, V.LONG_WINDOW_LABEL, V.SHORT_WINDOW_LABEL} for a in burns
+    )
+
+
+def test_burn_factors_are_the_workbook_table_scaled_by_period() -> None:
+    spec = load(SLOS, V.Vocabulary()).slos[0]
+    assert [burn_factor(p, spec) for p in BURN_PAIRS] == [Decimal("14.4"), Decimal(6), Decimal(3), Decimal(1)]
+    scaled = spec.model_copy(update={"period": "28d"})
+    assert [burn_factor(p, scaled) for p in BURN_PAIRS] == [
+        Decimal("13.44"),
+        Decimal("5.6"),
+        Decimal("2.8"),
+        Decimal("0.9333333333333333333333333333"),
+    ]
+
+
+BASE = """service: s
+slos:
+  - name: ttft
+    objective: 99
+    indicator: {latency: {metric: time_to_first_token, threshold_seconds: 0.5}}
+"""
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        (
+            BASE.replace("0.5}", "0.3}"),
+            ":5: slos.0.indicator.latency.threshold_seconds: 0.3 s is not a bucket boundary",
+        ),
+        (BASE.replace("time_to_first_token", "ttft"), ":5: slos.0.indicator.latency.metric"),
+        (BASE.replace("objective: 99", "objective: 101"), ":4: slos.0.objective"),
+        (BASE.replace("name: ttft", "name: TTFT!"), ":3: slos.0.name"),
+        (BASE + "  - name: ttft\n    objective: 99\n    indicator: {errors: {}}\n", "two SLOs are named 'ttft'"),
+        (BASE.replace("{latency: {metric: time_to_first_token, threshold_seconds: 0.5}}", "{}"), "exactly one of"),
+        (BASE + "    period: 1d\n", "shorter than the longest alert window"),
+        ("slos: [\n", "not valid YAML"),
+    ],
+)
+def test_bad_slo_files_name_the_problem(text: str, fragment: str) -> None:
+    with pytest.raises(SLOFileError) as exc:
+        parse(text, "slos.yaml", V.Vocabulary())
+    assert fragment in str(exc.value)
+
+
+def test_a_threshold_added_to_the_layout_is_accepted() -> None:
+    vocab = V.Vocabulary().with_boundaries(V.TIME_TO_FIRST_TOKEN, [0.3])
+    spec = parse(BASE.replace("0.5}", "0.3}"), "slos.yaml", vocab)
+    rules = generate(spec, vocab)["rules.yml"]
+    assert 'le="0.3"' in rules
+
+
+def test_cli_writes_and_checks(tmp_path: Path) -> None:
+    slo = tmp_path / "slos.yaml"
+    slo.write_text(BASE)
+    out = tmp_path / "gen"
+    runner = CliRunner()
+    result = runner.invoke(app, ["generate", "alerts", "--slo", str(slo), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert {p.name for p in out.iterdir()} == {"rules.yml", "alertmanager.yml", "runbooks.md"}
+    assert runner.invoke(app, ["generate", "alerts", "--slo", str(slo), "--out", str(out), "--check"]).exit_code == 0
+    (out / "rules.yml").write_text("changed")
+    stale = runner.invoke(app, ["generate", "alerts", "--slo", str(slo), "--out", str(out), "--check"])
+    assert stale.exit_code == 1 and "stale" in stale.stderr
+    slo.write_text(BASE.replace("0.5}", "0.3}"))
+    bad = runner.invoke(app, ["generate", "alerts", "--slo", str(slo), "--out", str(out)])
+    assert bad.exit_code == 2 and "not a bucket boundary" in bad.stderr

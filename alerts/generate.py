@@ -238,8 +238,9 @@ def saturation_alerts(settings: SLOFile) -> list[dict[str, Any]]:
         rule(
             V.ALERT_QUEUE_BACKLOG_GROWING,
             f"sum without ({V.LABEL_DP_RANK}) (delta({waiting}[{a.queue_growth_window}]))"
-            f" > {a.queue_growth_min_increase}\nand\nabs(sum without ({V.LABEL_DP_RANK}) (delta({running}[{a.queue_growth_window}]))) "
-            f"<= {a.queue_running_flat_tolerance}",
+            f" > {a.queue_growth_min_increase}\nand\n"
+            f"abs(sum without ({V.LABEL_DP_RANK}) (delta({running}[{a.queue_growth_window}])))"
+            f" <= {a.queue_running_flat_tolerance}",
             a.queue_growth_for,
             "Requests are queueing faster than the engine serves them.",
             f"The waiting queue of {where} grew by {{{{ $value }}}} requests in {a.queue_growth_window} while the "

@@ -228,10 +228,12 @@ def saturation_alerts(settings: SLOFile) -> list[dict[str, Any]]:
         ),
         rule(
             V.ALERT_PREEMPTIONS_SUSTAINED,
-            f"sum without ({V.LABEL_DP_RANK}) (increase({V.PREEMPTIONS.name}[1m])) > 0",
+            # a rate over several scrapes scaled to a minute: a 1m range can hold a single sample
+            f"sum without ({V.LABEL_DP_RANK}) (rate({V.PREEMPTIONS.name}[5m])) * 60 > 0",
             a.preemptions_for,
             "An engine keeps preempting running requests.",
-            f"{where} preempted {{{{ $value }}}} sequences in the last minute, every minute for {a.preemptions_for}. "
+            f"{where} preempted {{{{ $value }}}} sequences a minute (5-minute average), "
+            f"without pause for {a.preemptions_for}. "
             "Preempted sequences are recomputed, so latency and throughput suffer. Likely cause: the KV cache is "
             "too small; lower max concurrency (max_num_seqs), raise GPU memory utilization or add capacity.",
         ),
@@ -258,8 +260,8 @@ def saturation_alerts(settings: SLOFile) -> list[dict[str, Any]]:
         ),
         rule(
             V.ALERT_ENGINE_METRICS_ABSENT,
-            f"{V.EXPORTER_UP.name} == 1\nunless on (job, instance)\n"
-            f'count by (job, instance) ({{__name__=~"{canonical}"}})',
+            f"{V.EXPORTER_UP.name} == 1\nunless on (job, instance, {V.LABEL_ENGINE})\n"
+            f'count by (job, instance, {V.LABEL_ENGINE}) ({{__name__=~"{canonical}"}})',
             a.metrics_absent_for,
             "An engine answers but exposes no LLM metrics.",
             "The exporter for {{ $labels.target }} scrapes its engine (up = {{ $value }}), but no canonical series "
@@ -306,7 +308,7 @@ def alertmanager_document(spec: SLOFile) -> dict[str, Any]:
         },
         "inhibit_rules": [
             {
-                "source_matchers": [f'{V.SEVERITY_LABEL}="{V.SEVERITY_PAGE}"'],
+                "source_matchers": [f'{V.SEVERITY_LABEL}="{V.SEVERITY_PAGE}"', f'{V.SLO_LABEL}=~".+"'],
                 "target_matchers": [f'{V.SEVERITY_LABEL}="{V.SEVERITY_TICKET}"'],
                 "equal": [V.SLO_LABEL, "model"],
             }

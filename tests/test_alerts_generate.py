@@ -128,3 +128,51 @@ def test_cli_writes_and_checks(tmp_path: Path) -> None:
     slo.write_text(BASE.replace("0.5}", "0.3}"))
     bad = runner.invoke(app, ["generate", "alerts", "--slo", str(slo), "--out", str(out)])
     assert bad.exit_code == 2 and "not a bucket boundary" in bad.stderr
+
+
+CUSTOM = """service: chat
+slos:
+  - name: queue-1s
+    description: 99.5% of requests start within 1 s
+    objective: 99.5
+    period: 28d
+    indicator: {latency: {metric: request_queue, threshold_seconds: 1.0}}
+    selector: {model: llama-3-8b}
+    group_by: [model, instance]
+  - name: errors
+    objective: 99.95
+    period: 7d
+    indicator: {errors: {}}
+alerts:
+  kv_cache_saturated_ratio: 0.9
+  preemptions_for: 15m
+  severities: {LLMKVCacheSaturated: page}
+  webhook_url: http://alerts.example:9000/hook
+"""
+
+
+def test_a_new_slo_file_gives_rules_promtool_accepts(tmp_path: Path) -> None:
+    """What a user does: write an SLO, run one command, check the rules with promtool."""
+    from .conftest import require_tool
+
+    promtool = require_tool("promtool")
+    amtool = require_tool("amtool")
+    slo = tmp_path / "slos.yaml"
+    slo.write_text(CUSTOM)
+    out = tmp_path / "gen"
+    result = CliRunner().invoke(app, ["generate", "alerts", "--slo", str(slo), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    import subprocess
+
+    checked = subprocess.run([promtool, "check", "rules", str(out / "rules.yml")], capture_output=True, text=True)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    am = subprocess.run([amtool, "check-config", str(out / "alertmanager.yml")], capture_output=True, text=True)
+    assert am.returncode == 0, am.stdout + am.stderr
+    rules = (out / "rules.yml").read_text()
+    assert '{model="llama-3-8b",le="1.0"}' in rules and "by (model, instance)" in rules
+    assert ">= 0.9" in rules and "for: 15m" in rules
+    assert "> 0.0672" in rules  # 13.44 (28-day page factor) x 0.005
+    assert "http://alerts.example:9000/hook" in (out / "alertmanager.yml").read_text()
+    doc = yaml.safe_load(rules)
+    kv = next(r for g in doc["groups"] for r in g["rules"] if r.get("alert") == V.ALERT_KV_SATURATED)
+    assert kv["labels"][V.SEVERITY_LABEL] == V.SEVERITY_PAGE

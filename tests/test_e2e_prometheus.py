@@ -1,0 +1,232 @@
+"""End to end with a real Prometheus (Debian's binary) scraping the stack on loopback.
+
+Simulated vLLM, TGI, trtllm-serve and Triton under load, an inferwatch exporter beside each, and
+Prometheus scraping the exporters every second with the generated rules loaded. Checks that every
+dashboard query returns series for each engine that maps its signals, that the default SLOs' rules
+produce values, and that switching the simulated vLLM to ``kv-pressure`` makes a KV-cache or
+preemption alert pending or firing. Every process is stopped at the end.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from alerts.generate import generate as generate_alerts
+from alerts.spec import parse as parse_slos
+from exporters.coverage import matrix
+from exporters.engines import builtin_registry
+from inferwatch import vocabulary as V
+
+from .conftest import ROOT, require_tool
+
+ENGINES = (V.ENGINE_VLLM, V.ENGINE_TGI, V.ENGINE_TRTLLM, V.ENGINE_TRITON)
+WARM_UP_SECONDS = 25
+RATE_WINDOW = "15s"
+FAST_ALERTS = {
+    "kv_cache_saturated_for": "5s",
+    "kv_cache_prediction_for": "5s",
+    "preemptions_for": "10s",
+    "queue_growth_for": "5s",
+    "target_down_for": "5s",
+    "metrics_absent_for": "10s",
+}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Stack:
+    prometheus: str
+    sims: dict[str, str]
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    def rule_errors(self) -> list[str]:
+        """Rules Prometheus could not evaluate (for failure messages)."""
+        groups = httpx.get(f"{self.prometheus}/api/v1/rules", timeout=30).json()["data"]["groups"]
+        return [f"{r['name']}: {r.get('lastError')}" for g in groups for r in g["rules"] if r.get("health") != "ok"]
+
+    def query(self, expr: str) -> list[dict[str, Any]]:
+        r = httpx.get(f"{self.prometheus}/api/v1/query", params={"query": expr}, timeout=30)
+        body = r.json()
+        assert body.get("status") == "success", f"{expr}: {body}"
+        result: list[dict[str, Any]] = body["data"]["result"]
+        return result
+
+
+def _wait_http(url: str, deadline: float, proc: subprocess.Popen[bytes]) -> None:
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url, timeout=2).status_code < 500:
+                return
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None:
+            raise RuntimeError(f"process for {url} exited with {proc.returncode}")
+        time.sleep(0.2)
+    raise RuntimeError(f"{url} did not come up")
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    prometheus_bin = require_tool("prometheus")
+    tmp = tmp_path_factory.mktemp("e2e")
+    # rules: the default SLOs, with alert durations short enough for a test
+    slo_text = (ROOT / "alerts" / "slos.yaml").read_text()
+    spec = parse_slos(slo_text, "slos.yaml", V.Vocabulary())
+    spec = spec.model_copy(update={"alerts": spec.alerts.model_copy(update=FAST_ALERTS)})
+    files = generate_alerts(spec, V.Vocabulary())
+    (tmp / "rules.yml").write_text(files["rules.yml"])
+    procs: list[subprocess.Popen[bytes]] = []
+    sims: dict[str, str] = {}
+    exporters: dict[str, str] = {}
+    py = [sys.executable, "-m", "inferwatch"]
+    logs = tmp / "logs"
+    logs.mkdir()
+    handles: list[Any] = []
+
+    def spawn(name: str, cmd: list[str]) -> subprocess.Popen[bytes]:
+        log = (logs / f"{name}.log").open("wb")
+        handles.append(log)
+        p = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        procs.append(p)
+        return p
+
+    try:
+        for i, engine in enumerate(ENGINES):
+            sp, ep = free_port(), free_port()
+            sims[engine] = f"http://127.0.0.1:{sp}"
+            exporters[engine] = f"127.0.0.1:{ep}"
+            spawn(f"{engine}-sim", [*py, "simulate", "--engine", engine, "--port", str(sp), "--model",
+                                    f"{engine}-model", "--seed", str(i), "--speed", "2"])  # fmt: skip
+            extra = ["--max-batch-total-tokens", "16384"] if engine == V.ENGINE_TGI else []
+            spawn(f"{engine}-exporter", [*py, "exporter", "serve", "--target", sims[engine], "--engine", engine,
+                                         "--listen", exporters[engine], "--log-level", "warning", *extra])  # fmt: skip
+        prom_port = free_port()
+        config = {
+            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+            "rule_files": [str(tmp / "rules.yml")],
+            "scrape_configs": [
+                {"job_name": f"inferwatch-{engine}", "static_configs": [{"targets": [exporters[engine]]}]}
+                for engine in ENGINES
+            ],
+        }
+        (tmp / "prometheus.yml").write_text(yaml.safe_dump(config))
+        prom = spawn(
+            "prometheus",
+            [
+                prometheus_bin,
+                f"--config.file={tmp / 'prometheus.yml'}",
+                f"--storage.tsdb.path={tmp / 'data'}",
+                f"--web.listen-address=127.0.0.1:{prom_port}",
+                "--log.level=warn",
+            ],  # fmt: skip
+        )
+        base = f"http://127.0.0.1:{prom_port}"
+        deadline = time.monotonic() + 60
+        _wait_http(f"{base}/-/ready", deadline, prom)
+        for engine in ENGINES:
+            _wait_http(f"http://{exporters[engine]}/metrics", deadline, procs[0])
+        time.sleep(WARM_UP_SECONDS)
+        yield Stack(base, sims, procs)
+    finally:
+        for p in procs:
+            try:
+                os.killpg(p.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        for p in procs:
+            try:
+                p.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+        for h in handles:
+            h.close()
+
+
+def mapped_engines(metrics: tuple[V.MetricSpec, ...]) -> set[str]:
+    """Engines whose exporter maps every one of ``metrics`` (the coverage matrix)."""
+    m = matrix(builtin_registry())
+    return {e for e in ENGINES if all(m[e].get(spec.key) == "mapped" for spec in metrics)}
+
+
+def test_every_engine_is_scraped_and_up(stack: Stack) -> None:
+    up = stack.query(f"{V.EXPORTER_UP.name} == 1")
+    assert {s["metric"][V.LABEL_ENGINE] for s in up} == set(ENGINES)
+    for spec in (V.REQUESTS, V.REQUESTS_RUNNING, V.KV_CACHE_USAGE, V.GENERATION_TOKENS):
+        got = {s["metric"][V.LABEL_ENGINE] for s in stack.query(spec.name)}
+        assert mapped_engines((spec,)) <= got, spec.name
+
+
+def test_default_slo_rules_produce_values(stack: Stack) -> None:
+    wanted = {"ttft-500ms", "tpot-100ms", "e2e-20s", "availability"}
+    deadline = time.monotonic() + 75  # the recording groups evaluate every 30s
+    while True:
+        ratios = stack.query(V.slo_error_ratio("5m"))
+        slos = {s["metric"][V.SLO_LABEL] for s in ratios}
+        if wanted <= slos or time.monotonic() > deadline:
+            break
+        time.sleep(2)
+    assert wanted <= slos, (slos, stack.rule_errors())
+    for s in ratios:
+        value = float(s["value"][1])
+        assert value != value or 0.0 <= value <= 1.0  # NaN only without traffic
+    assert stack.query(V.SLO_OBJECTIVE_RECORD)
+    assert stack.query(V.SLO_BUDGET_REMAINING_RECORD)
+
+
+def test_every_dashboard_query_returns_series(stack: Stack) -> None:
+    from dashboards.queries import all_queries
+
+    spec = parse_slos((ROOT / "alerts" / "slos.yaml").read_text(), "slos.yaml", V.Vocabulary())
+    problems = []
+    for uid, panel, query in all_queries(spec, V.Vocabulary()):
+        expr = query.expr.replace("$__rate_interval", RATE_WINDOW).replace("$__range", "1m")
+        for var in ("$engine", "$model", "$instance", "$job"):
+            expr = expr.replace(f"{var}", ".*")
+        expected = mapped_engines(query.metrics) if query.metrics else set()
+        if query.metrics and not expected:
+            continue  # no engine provides these signals: nothing to prove
+        result = stack.query(expr)
+        if not result:
+            if "ALERTS" in expr:
+                continue  # no alert firing is a valid, empty answer
+            problems.append(f"{uid} / {panel}: no series for {expr}")
+            continue
+        if query.per_engine:
+            got = {s["metric"].get(V.LABEL_ENGINE) for s in result}
+            missing = expected - got
+            if missing:
+                problems.append(f"{uid} / {panel}: no series for {sorted(missing)}: {expr}")
+    assert not problems, "\n".join(problems)
+
+
+def test_kv_pressure_raises_an_alert(stack: Stack) -> None:
+    r = httpx.post(f"{stack.sims[V.ENGINE_VLLM]}/simulator/profile", json={"profile": "kv-pressure"}, timeout=10)
+    assert r.status_code == 200
+    names = f"{V.ALERT_KV_SATURATED}|{V.ALERT_PREEMPTIONS_SUSTAINED}"
+    deadline = time.monotonic() + 120
+    seen: list[dict[str, Any]] = []
+    while time.monotonic() < deadline:
+        seen = stack.query(f'ALERTS{{alertname=~"{names}",{V.LABEL_ENGINE}="{V.ENGINE_VLLM}"}}')
+        if any(s["metric"].get("alertstate") in ("pending", "firing") for s in seen):
+            break
+        time.sleep(2)
+    assert seen, "neither the KV-cache nor the preemption alert became pending or firing under kv-pressure"

@@ -45,10 +45,12 @@ demo: $(STAMP) ## the exporter end to end on replayed engine payloads (no Docker
 goldens: $(STAMP) ## rewrite golden files after an intended change (review the diff!)
 	$(PY) -m pytest -q tests/test_goldens.py tests/test_coverage.py --update-goldens
 	$(PY) -m inferwatch generate alerts --slo alerts/slos.yaml --out alerts/generated
+	$(PY) -m inferwatch generate dashboards --slo alerts/slos.yaml --out dashboards/generated
 
 check-generated: $(STAMP) ## fail when a committed generated file is stale
 	$(PY) -m pytest -q tests/test_goldens.py tests/test_coverage.py
 	$(PY) -m inferwatch generate alerts --slo alerts/slos.yaml --out alerts/generated --check
+	$(PY) -m inferwatch generate dashboards --slo alerts/slos.yaml --out dashboards/generated --check
 
 clean: ## remove the virtualenv and caches
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

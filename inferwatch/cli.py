@@ -404,6 +404,41 @@ def generate_alerts(
         raise _fail("stale generated files (run `inferwatch generate alerts`): " + ", ".join(stale), code=1)
 
 
+@generate_app.command("dashboards")
+def generate_dashboards(
+    slo: Annotated[Path | None, typer.Option(help="SLO file: adds the LLM SLOs dashboard.")] = Path("alerts/slos.yaml"),
+    out: Annotated[Path, typer.Option(help="Output directory.")] = Path("dashboards/generated"),
+    check: Annotated[bool, typer.Option(help="Do not write: exit 1 when the files on disk differ.")] = False,
+) -> None:
+    """Grafana dashboards (JSON, via grafanalib) and provisioning files, from the vocabulary and SLOs.
+
+    Import the JSON into any Grafana, or mount the provisioning folder; datasources are template
+    variables, so nothing refers to a particular Grafana's uids.
+    """
+    from alerts.spec import SLOFileError, load
+    from dashboards.generate import generate
+
+    vocab = _settings().vocabulary()
+    spec = None
+    if slo is not None:
+        try:
+            spec = load(slo, vocab)
+        except SLOFileError as exc:
+            raise _fail(str(exc)) from None
+    stale = []
+    for name, content in sorted(generate(spec, vocab).items()):
+        path = out / name
+        if check:
+            if not path.exists() or path.read_text() != content:
+                stale.append(str(path))
+            continue
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(content)
+        err.print(f"wrote {path}")
+    if stale:
+        raise _fail("stale generated files (run `inferwatch generate dashboards`): " + ", ".join(stale), code=1)
+
+
 @app.command()
 def simulate(
     engine: Annotated[SimEngine, typer.Option(help="Which engine's wire formats to simulate.")],

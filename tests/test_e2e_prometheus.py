@@ -9,6 +9,7 @@ preemption alert pending or firing. Every process is stopped at the end.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -17,7 +18,6 @@ import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -113,11 +113,41 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             sp, ep = free_port(), free_port()
             sims[engine] = f"http://127.0.0.1:{sp}"
             exporters[engine] = f"127.0.0.1:{ep}"
-            spawn(f"{engine}-sim", [*py, "simulate", "--engine", engine, "--port", str(sp), "--model",
-                                    f"{engine}-model", "--seed", str(i), "--speed", "2"])  # fmt: skip
+            spawn(
+                f"{engine}-sim",
+                [
+                    *py,
+                    "simulate",
+                    "--engine",
+                    engine,
+                    "--port",
+                    str(sp),
+                    "--model",
+                    f"{engine}-model",
+                    "--seed",
+                    str(i),
+                    "--speed",
+                    "2",
+                ],
+            )
             extra = ["--max-batch-total-tokens", "16384"] if engine == V.ENGINE_TGI else []
-            spawn(f"{engine}-exporter", [*py, "exporter", "serve", "--target", sims[engine], "--engine", engine,
-                                         "--listen", exporters[engine], "--log-level", "warning", *extra])  # fmt: skip
+            spawn(
+                f"{engine}-exporter",
+                [
+                    *py,
+                    "exporter",
+                    "serve",
+                    "--target",
+                    sims[engine],
+                    "--engine",
+                    engine,
+                    "--listen",
+                    exporters[engine],
+                    "--log-level",
+                    "warning",
+                    *extra,
+                ],
+            )
         prom_port = free_port()
         config = {
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
@@ -136,7 +166,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                 f"--storage.tsdb.path={tmp / 'data'}",
                 f"--web.listen-address=127.0.0.1:{prom_port}",
                 "--log.level=warn",
-            ],  # fmt: skip
+            ],
         )
         base = f"http://127.0.0.1:{prom_port}"
         deadline = time.monotonic() + 60
@@ -147,10 +177,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         yield Stack(base, sims, procs)
     finally:
         for p in procs:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(p.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
         for p in procs:
             try:
                 p.wait(timeout=15)

@@ -43,12 +43,12 @@ demo: $(STAMP) ## the exporter end to end on replayed engine payloads (no Docker
 	$(PY) -m inferwatch demo --duration 30
 
 goldens: $(STAMP) ## rewrite golden files after an intended change (review the diff!)
-	$(PY) -m pytest -q tests/test_goldens.py tests/test_coverage.py --update-goldens
+	$(PY) -m pytest -q tests/test_goldens.py tests/test_coverage.py tests/test_dashboards.py --update-goldens
 	$(PY) -m inferwatch generate alerts --slo alerts/slos.yaml --out alerts/generated
 	$(PY) -m inferwatch generate dashboards --slo alerts/slos.yaml --out dashboards/generated
 
 check-generated: $(STAMP) ## fail when a committed generated file is stale
-	$(PY) -m pytest -q tests/test_goldens.py tests/test_coverage.py
+	$(PY) -m pytest -q tests/test_goldens.py tests/test_coverage.py tests/test_dashboards.py
 	$(PY) -m inferwatch generate alerts --slo alerts/slos.yaml --out alerts/generated --check
 	$(PY) -m inferwatch generate dashboards --slo alerts/slos.yaml --out dashboards/generated --check
 

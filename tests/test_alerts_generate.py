@@ -130,23 +130,23 @@ def test_cli_writes_and_checks(tmp_path: Path) -> None:
     assert bad.exit_code == 2 and "not a bucket boundary" in bad.stderr
 
 
-CUSTOM = """service: chat
+CUSTOM = f"""service: chat
 slos:
   - name: queue-1s
     description: 99.5% of requests start within 1 s
     objective: 99.5
     period: 28d
-    indicator: {latency: {metric: request_queue, threshold_seconds: 1.0}}
-    selector: {model: llama-3-8b}
+    indicator: {{latency: {{metric: request_queue, threshold_seconds: 1.0}}}}
+    selector: {{model: llama-3-8b}}
     group_by: [model, instance]
   - name: errors
     objective: 99.95
     period: 7d
-    indicator: {errors: {}}
+    indicator: {{errors: {{}}}}
 alerts:
   kv_cache_saturated_ratio: 0.9
   preemptions_for: 15m
-  severities: {LLMKVCacheSaturated: page}
+  severities: {{{V.ALERT_KV_SATURATED}: page}}
   webhook_url: http://alerts.example:9000/hook
 """
 

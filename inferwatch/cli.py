@@ -409,6 +409,9 @@ def generate_dashboards(
     slo: Annotated[Path | None, typer.Option(help="SLO file: adds the LLM SLOs dashboard.")] = Path("alerts/slos.yaml"),
     out: Annotated[Path, typer.Option(help="Output directory.")] = Path("dashboards/generated"),
     check: Annotated[bool, typer.Option(help="Do not write: exit 1 when the files on disk differ.")] = False,
+    sketches: Annotated[Path | None, typer.Option(help="Also write a PNG layout sketch per dashboard here.")] = Path(
+        "docs/dashboards"
+    ),
 ) -> None:
     """Grafana dashboards (JSON, via grafanalib) and provisioning files, from the vocabulary and SLOs.
 
@@ -425,15 +428,19 @@ def generate_dashboards(
             spec = load(slo, vocab)
         except SLOFileError as exc:
             raise _fail(str(exc)) from None
+    from dashboards.sketch import sketches as draw
+
+    files: dict[Path, bytes] = {out / name: content.encode() for name, content in generate(spec, vocab).items()}
+    if sketches is not None:
+        files.update({sketches / name: png for name, png in draw(spec, vocab).items()})
     stale = []
-    for name, content in sorted(generate(spec, vocab).items()):
-        path = out / name
+    for path, content in sorted(files.items()):
         if check:
-            if not path.exists() or path.read_text() != content:
+            if not path.exists() or path.read_bytes() != content:
                 stale.append(str(path))
             continue
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(content)
+        path.write_bytes(content)
         err.print(f"wrote {path}")
     if stale:
         raise _fail("stale generated files (run `inferwatch generate dashboards`): " + ", ".join(stale), code=1)

@@ -98,6 +98,8 @@ def create_app(settings: CollectorSettings, engine: Engine | None = None, start_
             if collector.grpc_server is not None:
                 collector.grpc_server.stop(grace=2).wait()
             await asyncio.to_thread(collector.writer.stop, 10.0)
+            if engine is None:  # ours: release its connections (a caller's engine stays the caller's)
+                collector.engine.dispose()
 
     app = FastAPI(
         title="inferwatch collector",

@@ -7,7 +7,10 @@ fail when the ``CI`` environment variable is set.
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -56,3 +59,39 @@ def promtool() -> str:
 
 def fixture_dirs() -> list[Path]:
     return sorted(p.parent for p in ENGINE_FIXTURES.glob("*/*/fixture.yaml"))
+
+
+PG_URL_ENV = "INFERWATCH_TEST_POSTGRES_URL"
+DEFAULT_PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+
+
+def postgres_unavailable(reason: str) -> None:
+    message = f"PostgreSQL unreachable ({reason}); set {PG_URL_ENV} or start a server"
+    if os.environ.get("CI"):
+        pytest.fail(message + " and CI is set: this test must not be skipped")
+    pytest.skip(message)
+
+
+@contextmanager
+def postgres_schema(prefix: str = "iw_test") -> Iterator[str]:
+    """URL of a fresh PostgreSQL schema (the local server, or ``INFERWATCH_TEST_POSTGRES_URL``),
+    dropped afterwards; skips when the server is unreachable, fails under CI."""
+    from sqlalchemy import create_engine, make_url, text
+    from sqlalchemy.exc import OperationalError
+    from sqlalchemy.pool import NullPool
+
+    base = make_url(os.environ.get(PG_URL_ENV, DEFAULT_PG_URL))
+    schema = f"{prefix}_{secrets.token_hex(6)}"
+    admin = create_engine(base, poolclass=NullPool, connect_args={"connect_timeout": 3})
+    try:
+        with admin.begin() as conn:
+            conn.execute(text(f'CREATE SCHEMA "{schema}"'))
+    except OperationalError as exc:
+        admin.dispose()
+        postgres_unavailable(str(exc.orig))
+    try:
+        yield base.update_query_dict({"options": f"-csearch_path={schema}"}).render_as_string(hide_password=False)
+    finally:
+        with admin.begin() as conn:
+            conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
+        admin.dispose()

@@ -3,6 +3,7 @@ exporters, the bad-input answers, and the read API with exact percentiles and go
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import math
@@ -25,7 +26,7 @@ from collector import record as R
 from collector.app import create_app
 from collector.config import CollectorSettings
 
-from .conftest import ROOT
+from .conftest import ROOT, postgres_schema
 
 CAPTURE = ROOT / "tests" / "fixtures" / "otlp" / "vllm-0.32.0-cpu"
 PB = "application/x-protobuf"
@@ -286,11 +287,12 @@ def test_readyz(client: TestClient) -> None:
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
-def test_store_real_bodies_on_each_backend(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+def test_store_real_bodies_on_each_backend(backend: str, tmp_path: Path) -> None:
     """The collector app end to end on SQLite and on the local PostgreSQL (fresh schema)."""
-    url = None if backend == "sqlite" else _pg_url(request)
-    settings = CollectorSettings(data_dir=tmp_path, grpc_listen=None, database_url=url)
-    with TestClient(create_app(settings)) as c:
+    with contextlib.ExitStack() as stack:
+        url = None if backend == "sqlite" else stack.enter_context(postgres_schema("iw_app"))
+        settings = CollectorSettings(data_dir=tmp_path, grpc_listen=None, database_url=url)
+        c = stack.enter_context(TestClient(create_app(settings)))
         for body in bodies():
             assert c.post("/v1/traces", content=body, headers={"content-type": PB}).status_code == 200
         assert stored(c) == 39
@@ -298,36 +300,6 @@ def test_store_real_bodies_on_each_backend(backend: str, tmp_path: Path, request
         ttfts = [s["attributes"]["gen_ai.latency.time_to_first_token"] for s in real_spans()]
         assert entry[R.TTFT]["p99"] == nearest_rank(ttfts, 0.99)
         assert c.get("/readyz").status_code == 200
-
-
-def _pg_url(request: pytest.FixtureRequest) -> str:
-    """A fresh PostgreSQL schema for this test (dropped at teardown); fails under CI when unreachable."""
-    import os
-    import secrets
-
-    from sqlalchemy import create_engine, make_url, text
-    from sqlalchemy.exc import OperationalError
-    from sqlalchemy.pool import NullPool
-
-    from .test_collector_storage import DEFAULT_PG_URL, PG_URL_ENV, postgres_unavailable
-
-    base = make_url(os.environ.get(PG_URL_ENV, DEFAULT_PG_URL))
-    schema = f"iw_app_{secrets.token_hex(6)}"
-    admin = create_engine(base, poolclass=NullPool, connect_args={"connect_timeout": 3})
-    try:
-        with admin.begin() as conn:
-            conn.execute(text(f'CREATE SCHEMA "{schema}"'))
-    except OperationalError as exc:
-        admin.dispose()
-        postgres_unavailable(str(exc.orig))
-
-    def drop() -> None:
-        with admin.begin() as conn:
-            conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
-        admin.dispose()
-
-    request.addfinalizer(drop)
-    return base.update_query_dict({"options": f"-csearch_path={schema}"}).render_as_string(hide_password=False)
 
 
 def test_db_upgrade_command(tmp_path: Path) -> None:

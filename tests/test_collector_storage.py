@@ -7,8 +7,6 @@ unreachable, but fail when the ``CI`` environment variable is set.
 
 from __future__ import annotations
 
-import os
-import secrets
 import time
 from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime, timedelta, timezone
@@ -18,8 +16,7 @@ from typing import Any, cast
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import Engine, create_engine, func, inspect, make_url, select, text
-from sqlalchemy.exc import OperationalError
+from sqlalchemy import Engine, create_engine, func, inspect, select, text
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool
 
@@ -28,19 +25,12 @@ from collector.models import FIELD_TO_ATTR, REQUEST_TABLE, Base, LlmRequest
 from collector.record import CACHED_TOKENS, E2E, TTFT, RequestRecord
 from collector.writer import RECORD_FIELDS, Writer, record_from_json, record_to_json
 
-PG_URL_ENV = "INFERWATCH_TEST_POSTGRES_URL"
-DEFAULT_PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+from .conftest import postgres_schema
+
 T0 = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
 
 
 # --- fixtures --------------------------------------------------------------------------------------------------------
-
-
-def postgres_unavailable(reason: str) -> None:
-    message = f"PostgreSQL unreachable ({reason}); set {PG_URL_ENV} or start a server"
-    if os.environ.get("CI"):
-        pytest.fail(message + " and CI is set: this test must not be skipped")
-    pytest.skip(message)
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -49,21 +39,8 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     if request.param == "sqlite":
         yield db.default_url(tmp_path / "data")
         return
-    base = make_url(os.environ.get(PG_URL_ENV, DEFAULT_PG_URL))
-    schema = f"iw_test_{secrets.token_hex(6)}"
-    admin = create_engine(base, poolclass=NullPool, connect_args={"connect_timeout": 3})
-    try:
-        with admin.begin() as conn:
-            conn.execute(text(f'CREATE SCHEMA "{schema}"'))
-    except OperationalError as exc:
-        admin.dispose()
-        postgres_unavailable(str(exc.orig))
-    try:
-        yield base.update_query_dict({"options": f"-csearch_path={schema}"}).render_as_string(hide_password=False)
-    finally:
-        with admin.begin() as conn:
-            conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
-        admin.dispose()
+    with postgres_schema() as url:
+        yield url
 
 
 @pytest.fixture

@@ -14,7 +14,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from inferwatch import vocabulary as V
 
 _NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,62}[a-z0-9])?$")
-_LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 _DURATION = re.compile(r"^(\d+)([mhdw])$")
 _HOURS = {"m": 1 / 60, "h": 1, "d": 24, "w": 168}
 
@@ -92,7 +91,7 @@ class SLO(BaseModel):
     @classmethod
     def _selector(cls, value: dict[str, str]) -> dict[str, str]:
         for k in value:
-            if not _LABEL.match(k):
+            if not V.is_label_name(k):
                 raise ValueError(f"{k!r} is not a label name")
         return value
 
@@ -100,7 +99,7 @@ class SLO(BaseModel):
     @classmethod
     def _group_by(cls, value: list[str]) -> list[str]:
         for k in value:
-            if not _LABEL.match(k) or k in (V.SLO_LABEL, V.SEVERITY_LABEL, V.LABEL_LE):
+            if not V.is_label_name(k) or k in (V.SLO_LABEL, V.SEVERITY_LABEL, V.LABEL_LE):
                 raise ValueError(f"{k!r} cannot be a group_by label")
         return value
 

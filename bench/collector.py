@@ -18,7 +18,6 @@ import json
 import os
 import random
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -45,6 +44,7 @@ from collector.api import compute_stats, requests_table  # noqa: E402
 from collector.sources import map_export  # noqa: E402
 from collector.writer import record_to_dict  # noqa: E402
 from inferwatch import vocabulary as V  # noqa: E402
+from inferwatch.demo import free_ports  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 SPANS = ROOT / "tests" / "fixtures" / "otlp" / "vllm-0.32.0-cpu" / "spans.json"
@@ -100,12 +100,6 @@ def build_bodies(n: int, batch: int, seed: int = 0) -> list[bytes]:
     return bodies
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def direct_limit(url: str, bodies: list[bytes], batch: int) -> float:
     """Rows/s of plain SQLAlchemy Core inserts of the same rows, batches of ``batch``."""
     rows = []
@@ -132,7 +126,7 @@ def direct_limit(url: str, bodies: list[bytes], batch: int) -> float:
 
 def end_to_end(url: str | None, data_dir: Path, bodies: list[bytes], n: int) -> float:
     """Rows/s through a collector process, fed by a sender process."""
-    port = free_port()
+    port = free_ports(1, 0)[0]
     cmd = [
         sys.executable,
         "-m",
@@ -144,7 +138,7 @@ def end_to_end(url: str | None, data_dir: Path, bodies: list[bytes], n: int) -> 
         "--listen",
         f"127.0.0.1:{port}",
         "--grpc-listen",
-        f"127.0.0.1:{free_port()}",
+        f"127.0.0.1:{free_ports(1, 0)[0]}",
         "--log-level",
         "warning",
     ]

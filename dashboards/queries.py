@@ -581,8 +581,19 @@ def _slos(spec: SLOFile) -> DashboardSpec:
 
 
 # --- LLM Engine Detail -----------------------------------------------------------------------
-def _ratio(num: V.MetricSpec, den: V.MetricSpec) -> str:
-    return f"{sum_rate(num)} / {sum_rate(den)}"
+def _ratio_panel(title: str, what: str, num: V.MetricSpec, den: V.MetricSpec) -> Panel:
+    """A half-width 0–1 time series of ``rate(num) / rate(den)`` per engine and model."""
+    return Panel(
+        title,
+        describe(what, num, den),
+        UNIT_RATIO,
+        (Query(f"{sum_rate(num)} / {sum_rate(den)}", _legend(EM), (num, den), True),),
+        TIMESERIES,
+        12,
+        8,
+        min=0,
+        max=1,
+    )
 
 
 def _engine() -> DashboardSpec:
@@ -632,49 +643,17 @@ def _engine() -> DashboardSpec:
             8,
         ),
         Row("Caches and speculative decoding"),
-        Panel(
+        _ratio_panel(
             "Prefix-cache hit rate",
-            describe(
-                "Prompt tokens found in the prefix cache over prompt tokens looked up",
-                V.PREFIX_CACHE_HIT_TOKENS,
-                V.PREFIX_CACHE_QUERIED_TOKENS,
-            ),
-            UNIT_RATIO,
-            (
-                Query(
-                    _ratio(V.PREFIX_CACHE_HIT_TOKENS, V.PREFIX_CACHE_QUERIED_TOKENS),
-                    _legend(EM),
-                    (V.PREFIX_CACHE_HIT_TOKENS, V.PREFIX_CACHE_QUERIED_TOKENS),
-                    True,
-                ),
-            ),
-            TIMESERIES,
-            12,
-            8,
-            min=0,
-            max=1,
+            "Prompt tokens found in the prefix cache over prompt tokens looked up",
+            V.PREFIX_CACHE_HIT_TOKENS,
+            V.PREFIX_CACHE_QUERIED_TOKENS,
         ),
-        Panel(
+        _ratio_panel(
             "Speculative-decoding acceptance rate",
-            describe(
-                "Draft tokens accepted by the target model over draft tokens proposed",
-                V.SPEC_DECODE_ACCEPTED_TOKENS,
-                V.SPEC_DECODE_DRAFT_TOKENS,
-            ),
-            UNIT_RATIO,
-            (
-                Query(
-                    _ratio(V.SPEC_DECODE_ACCEPTED_TOKENS, V.SPEC_DECODE_DRAFT_TOKENS),
-                    _legend(EM),
-                    (V.SPEC_DECODE_ACCEPTED_TOKENS, V.SPEC_DECODE_DRAFT_TOKENS),
-                    True,
-                ),
-            ),
-            TIMESERIES,
-            12,
-            8,
-            min=0,
-            max=1,
+            "Draft tokens accepted by the target model over draft tokens proposed",
+            V.SPEC_DECODE_ACCEPTED_TOKENS,
+            V.SPEC_DECODE_DRAFT_TOKENS,
         ),
         Row("Engine"),
         Panel(

@@ -6,7 +6,6 @@ Nothing here is read at import time; callers build :class:`InferwatchSettings` (
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Literal
 
@@ -18,7 +17,6 @@ from . import vocabulary as V
 
 EngineChoice = Literal["auto", "vllm", "tgi", "trtllm", "triton"]
 SimEngine = Literal["vllm", "tgi", "trtllm", "triton"]
-_LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*\Z")
 
 
 class ConfigError(ValueError):
@@ -76,7 +74,7 @@ class TargetConfig(BaseModel):
     @classmethod
     def _labels(cls, value: dict[str, str]) -> dict[str, str]:
         for name in value:
-            if not _LABEL_NAME.match(name) or name.startswith("__"):
+            if not V.is_label_name(name) or name.startswith("__"):
                 raise ValueError(f"{name!r} is not a valid Prometheus label name")
             if name in V.LABEL_ORDER or name == V.LABEL_LE:
                 raise ValueError(f"label {name!r} is set by inferwatch itself and cannot be overridden")

@@ -14,6 +14,7 @@ by :func:`format_le`.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -533,6 +534,24 @@ ALERT_PREEMPTIONS_SUSTAINED: Final = "LLMPreemptionsSustained"
 ALERT_QUEUE_BACKLOG_GROWING: Final = "LLMQueueBacklogGrowing"
 ALERT_EXPORTER_TARGET_DOWN: Final = "LLMExporterTargetDown"
 ALERT_ENGINE_METRICS_ABSENT: Final = "LLMEngineMetricsAbsent"
+SATURATION_ALERTS: Final[tuple[str, ...]] = (
+    ALERT_KV_SATURATED,
+    ALERT_KV_EXHAUSTION_PREDICTED,
+    ALERT_PREEMPTIONS_SUSTAINED,
+    ALERT_QUEUE_BACKLOG_GROWING,
+    ALERT_EXPORTER_TARGET_DOWN,
+    ALERT_ENGINE_METRICS_ABSENT,
+)
+"""The saturation and health alerts (everything but the SLO burn-rate alert)."""
+ALERTS: Final[tuple[str, ...]] = (ALERT_SLO_BURN, *SATURATION_ALERTS)
+
+
+_LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*\Z")
+
+
+def is_label_name(name: str) -> bool:
+    """Whether ``name`` is a valid Prometheus label name."""
+    return _LABEL_NAME.match(name) is not None
 
 
 def slo_error_ratio(window: str) -> str:

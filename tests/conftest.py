@@ -9,14 +9,20 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
-from collections.abc import Iterator
-from contextlib import contextmanager
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
+import uvicorn
 
 from exporters.engines import EngineRegistry, builtin_registry
 from inferwatch import vocabulary as V
+from inferwatch.demo import free_ports
 
 ROOT = Path(__file__).resolve().parent.parent
 ENGINE_FIXTURES = ROOT / "tests" / "fixtures" / "engines"
@@ -55,6 +61,40 @@ def require_tool(name: str) -> str:
 @pytest.fixture(scope="session")
 def promtool() -> str:
     return require_tool("promtool")
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now."""
+    return free_ports(1, 0)[0]
+
+
+@asynccontextmanager
+async def in_process(app: Any, base_url: str = "http://sim", timeout: float = 60) -> AsyncIterator[httpx.AsyncClient]:
+    """``app`` with its lifespan running, and a client that calls it in-process (no socket)."""
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url=base_url, timeout=timeout) as client,
+    ):
+        yield client
+
+
+@contextmanager
+def served_in_thread(app: Any) -> Iterator[str]:
+    """``app`` under uvicorn on 127.0.0.1 (a free port) in a background thread; its base URL; stopped on exit."""
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error", lifespan="on"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("uvicorn did not start")
+        time.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=15)
 
 
 def fixture_dirs() -> list[Path]:

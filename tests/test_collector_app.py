@@ -7,8 +7,6 @@ import contextlib
 import gzip
 import json
 import math
-import socket
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,7 +24,7 @@ from collector import record as R
 from collector.app import create_app
 from collector.config import CollectorSettings
 
-from .conftest import ROOT, postgres_schema
+from .conftest import ROOT, free_port, postgres_schema, served_in_thread
 
 CAPTURE = ROOT / "tests" / "fixtures" / "otlp" / "vllm-0.32.0-cpu"
 PB = "application/x-protobuf"
@@ -38,12 +36,6 @@ def bodies() -> list[bytes]:
 
 def real_spans() -> list[dict[str, Any]]:
     return [s for s in json.loads((CAPTURE / "spans.json").read_text()) if s["name"] == "llm_request"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture
@@ -166,9 +158,6 @@ def test_queue_full_is_backpressure(tmp_path: Path) -> None:
 
 def test_official_sdk_exporters_http_and_grpc(settings: CollectorSettings) -> None:
     """The same spans through opentelemetry-exporter-otlp-proto-http and -grpc, as vLLM sends them."""
-    import threading
-
-    import uvicorn
     from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
     from opentelemetry.sdk.resources import Resource
@@ -176,18 +165,10 @@ def test_official_sdk_exporters_http_and_grpc(settings: CollectorSettings) -> No
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.trace import SpanKind
 
-    port = free_port()
     app = create_app(settings)
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
-    try:
+    with served_in_thread(app) as url:
         for name, exporter in (
-            ("http", HttpExporter(endpoint=f"http://127.0.0.1:{port}/v1/traces")),
+            ("http", HttpExporter(endpoint=f"{url}/v1/traces")),
             ("grpc", GrpcExporter(endpoint=settings.grpc_listen, insecure=True)),
         ):
             provider = TracerProvider(resource=Resource.create({"service.name": f"sdk-{name}"}))
@@ -200,14 +181,11 @@ def test_official_sdk_exporters_http_and_grpc(settings: CollectorSettings) -> No
                 s.end(end_time=span["end"])
             provider.shutdown()
         assert app.state.collector.writer.flush(10.0)
-        r = httpx.get(f"http://127.0.0.1:{port}/api/v1/requests", params={"limit": 100}).json()
+        r = httpx.get(f"{url}/api/v1/requests", params={"limit": 100}).json()
         services = sorted({row["service"] for row in r["data"]})
         assert r["count"] == 10 and services == ["sdk-grpc", "sdk-http"]
         for row in r["data"]:
             assert row[R.TTFT] in {s["attributes"]["gen_ai.latency.time_to_first_token"] for s in real_spans()}
-    finally:
-        server.should_exit = True
-        thread.join(timeout=15)
 
 
 def test_read_api_filters_sort_cursor_and_phases(client: TestClient) -> None:

@@ -32,7 +32,7 @@ from collector.sources.common import ExportIndex, SpanView, any_value, resource_
 from simulator.base import SimSettings
 from simulator.server import create_app
 
-from .conftest import ROOT
+from .conftest import ROOT, in_process
 
 CAPTURE = ROOT / "tests" / "fixtures" / "otlp" / "vllm-0.32.0-cpu"
 N2_REQUEST_ID = "cmpl-9f91a06b682bf405-0"
@@ -122,10 +122,7 @@ def run_sim(engine: str, fn: Callable[[httpx.AsyncClient], Awaitable[Any]]) -> t
 
     async def main() -> Any:
         app = create_app(SimSettings(engine=engine, load=0, speed=20), span_exporter=exporter)
-        async with (
-            app.router.lifespan_context(app),
-            httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://sim", timeout=60) as c,
-        ):
+        async with in_process(app) as c:
             return await fn(c)
 
     result = asyncio.run(main())

@@ -98,13 +98,7 @@ def test_rule_and_alert_names_spelled_once() -> None:
         V.SLO_PERIOD_ERROR_RATIO_RECORD,
         V.SLO_BUDGET_REMAINING_RECORD,
         V.SLO_INFO_RECORD,
-        V.ALERT_SLO_BURN,
-        V.ALERT_KV_SATURATED,
-        V.ALERT_KV_EXHAUSTION_PREDICTED,
-        V.ALERT_PREEMPTIONS_SUSTAINED,
-        V.ALERT_QUEUE_BACKLOG_GROWING,
-        V.ALERT_EXPORTER_TARGET_DOWN,
-        V.ALERT_ENGINE_METRICS_ABSENT,
+        *V.ALERTS,
     ]
     offenders = []
     for path in python_files():

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -30,7 +29,7 @@ from exporters.coverage import matrix
 from exporters.engines import builtin_registry
 from inferwatch import vocabulary as V
 
-from .conftest import ROOT, require_tool
+from .conftest import ROOT, free_port, require_tool
 
 ENGINES = (V.ENGINE_VLLM, V.ENGINE_TGI, V.ENGINE_TRTLLM, V.ENGINE_TRITON)
 WARM_UP_SECONDS = 25
@@ -43,12 +42,6 @@ FAST_ALERTS = {
     "target_down_for": "5s",
     "metrics_absent_for": "10s",
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -23,7 +22,7 @@ from exporters.server import Exporter
 from inferwatch import vocabulary as V
 from inferwatch.config import ExporterConfig, TargetConfig
 
-from .conftest import ENGINE_FIXTURES, ROOT
+from .conftest import ENGINE_FIXTURES, ROOT, free_port
 from .helpers import has, value
 
 REAL = ENGINE_FIXTURES / "vllm" / "0.32.0-cpu"
@@ -145,9 +144,7 @@ def test_cli_serve_process(tmp_path: Path) -> None:
     _, routes = fixture_routes(REAL)
     engine = ReplayServer(routes)
     url = engine.start()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     proc = subprocess.Popen(
         [
             sys.executable,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -13,13 +12,7 @@ import httpx
 
 from inferwatch import vocabulary as V
 
-from .conftest import ROOT
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from .conftest import ROOT, free_port
 
 
 def test_simulate_serves_and_switches_profile() -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-import httpx
 import pytest
 
 from exporters.engines import builtin_registry
@@ -14,6 +13,8 @@ from exporters.model import Snapshot
 from inferwatch import vocabulary as V
 from simulator.base import SimSettings
 from simulator.server import create_app, default_params
+
+from .conftest import in_process
 
 SPEED = 25.0
 SIM_SECONDS = 40.0
@@ -34,16 +35,14 @@ def run_profile(profile: str, engine: str = "vllm", switch_to: str | None = None
 
     async def main() -> tuple[Snapshot, Snapshot]:
         app = create_app(s)
-        async with app.router.lifespan_context(app):
-            transport = httpx.ASGITransport(app=app)
-            async with httpx.AsyncClient(transport=transport, base_url="http://sim") as client:
-                await asyncio.sleep(SIM_SECONDS / SPEED)
-                first = canon((await client.get(path)).text)
-                if switch_to:
-                    r = await client.post("/simulator/profile", json={"profile": switch_to})
-                    assert r.status_code == 200
-                await asyncio.sleep(SIM_SECONDS / SPEED)
-                return first, canon((await client.get(path)).text)
+        async with in_process(app, timeout=5) as client:
+            await asyncio.sleep(SIM_SECONDS / SPEED)
+            first = canon((await client.get(path)).text)
+            if switch_to:
+                r = await client.post("/simulator/profile", json={"profile": switch_to})
+                assert r.status_code == 200
+            await asyncio.sleep(SIM_SECONDS / SPEED)
+            return first, canon((await client.get(path)).text)
 
     return asyncio.run(main())
 

@@ -27,7 +27,7 @@ from simulator.base import SimSettings
 from simulator.engines import tgi
 from simulator.server import create_app
 
-from .conftest import ENGINE_FIXTURES
+from .conftest import ENGINE_FIXTURES, in_process
 from .fidelity import diff, schema
 from .helpers import value
 
@@ -43,15 +43,6 @@ def settings(seed: int = 7) -> SimSettings:
 def counter(text: str, name: str, **labels: str) -> float:
     """A TGI counter read back with prometheus_client's parser (which names counter samples ``_total``)."""
     return value(text, name + "_total", **labels)
-
-
-@asynccontextmanager
-async def in_process(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
-    async with (
-        app.router.lifespan_context(app),
-        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://tgi") as client,
-    ):
-        yield client
 
 
 @asynccontextmanager

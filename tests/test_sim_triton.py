@@ -24,7 +24,7 @@ from simulator.engines import triton as T
 from simulator.model import EngineParams
 from simulator.server import create_app
 
-from .conftest import ENGINE_FIXTURES
+from .conftest import ENGINE_FIXTURES, in_process
 from .fidelity import diff, schema
 
 FIXTURE = ENGINE_FIXTURES / "triton" / "25.03-trtllm" / "metrics.txt"
@@ -50,10 +50,8 @@ Fn = Callable[[httpx.AsyncClient, Any], Awaitable[Any]]
 def run_app(s: SimSettings, fn: Fn) -> Any:
     async def main() -> Any:
         app = create_app(s)
-        async with app.router.lifespan_context(app):
-            transport = httpx.ASGITransport(app=app)
-            async with httpx.AsyncClient(transport=transport, base_url="http://sim", timeout=60) as client:
-                return await fn(client, app)
+        async with in_process(app) as client:
+            return await fn(client, app)
 
     return asyncio.run(main())
 

@@ -9,16 +9,10 @@ import functools
 import json
 import os
 import re
-import socket
-import threading
-import time
-from collections.abc import AsyncIterator, Iterator
-from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import httpx
-import uvicorn
-from fastapi import FastAPI
 from openai import OpenAI
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
@@ -34,7 +28,7 @@ from simulator.engines import trtllm
 from simulator.model import EngineParams
 from simulator.server import create_app
 
-from .conftest import ENGINE_FIXTURES
+from .conftest import ENGINE_FIXTURES, in_process, served_in_thread
 from .fidelity import diff, schema
 
 FIXTURES = ENGINE_FIXTURES / "trtllm"
@@ -47,19 +41,10 @@ def settings(**kw: Any) -> SimSettings:
     return SimSettings(engine="trtllm", model=MODEL, load=0, speed=50, seed=7, params=params, **kw)
 
 
-@asynccontextmanager
-async def serving(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
-    """The app with its lifespan running, and an in-process client."""
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://sim", timeout=30) as client:
-            yield client
-
-
 def sim_client(
     s: SimSettings | None = None, exporter: InMemorySpanExporter | None = None
 ) -> AbstractAsyncContextManager[httpx.AsyncClient]:
-    return serving(create_app(s or settings(), span_exporter=exporter))
+    return in_process(create_app(s or settings(), span_exporter=exporter), timeout=30)
 
 
 async def chat(client: httpx.AsyncClient, user: str, max_tokens: int = 24, **extra: Any) -> dict[str, Any]:
@@ -162,7 +147,7 @@ def test_json_iteration_stats_have_the_fixture_keys() -> None:
 def test_without_speculation_spec_stats_are_null() -> None:
     async def run() -> tuple[str, list[dict[str, Any]]]:
         app, _ = trtllm.create(SimulatedEngine(settings()), speculation=None)
-        async with serving(app) as client:
+        async with in_process(app, timeout=30) as client:
             await complete(client)
             return (await client.get(trtllm.PROMETHEUS_PATH)).text, (await client.get(trtllm.JSON_PATH)).json()
 
@@ -198,7 +183,7 @@ def test_iteration_stats_move_only_when_a_request_finishes() -> None:
     async def run() -> tuple[list[dict[str, Any]], str, list[dict[str, Any]], str]:
         app = create_app(settings())
         engine = app.state.engine
-        async with serving(app) as client:
+        async with in_process(app, timeout=30) as client:
             task = asyncio.create_task(complete(client, max_tokens=400))
             while engine.model.step_count < 30:
                 await asyncio.sleep(0.005)
@@ -216,29 +201,9 @@ def test_iteration_stats_move_only_when_a_request_finishes() -> None:
     assert trtllm.NUM_REQUESTS_RUNNING in schema(text_after)
 
 
-@contextmanager
-def served(s: SimSettings) -> Iterator[int]:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    port: int = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(create_app(s), log_level="warning", lifespan="on"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.01)
-    try:
-        yield port
-    finally:
-        server.should_exit = True
-        thread.join(10)
-        sock.close()
-
-
 def test_official_openai_client() -> None:
-    with served(settings()) as port:
-        client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0, timeout=30)
+    with served_in_thread(create_app(settings())) as url:
+        client = OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=30)
         assert [m.id for m in client.models.list()] == [MODEL]
         c = client.completions.create(model=MODEL, prompt="Say something", max_tokens=7)
         assert c.usage is not None and c.usage.completion_tokens == 7 and c.choices[0].finish_reason == "length"

@@ -4,15 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
-import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from exporters.engines import builtin_registry
@@ -22,7 +18,7 @@ from simulator.base import SimSettings
 from simulator.model import EngineParams
 from simulator.server import create_app
 
-from .conftest import ENGINE_FIXTURES
+from .conftest import ENGINE_FIXTURES, in_process, served_in_thread
 from .fidelity import diff, schema
 
 REAL = ENGINE_FIXTURES / "vllm" / "0.32.0-cpu" / "metrics-final.txt"
@@ -60,10 +56,8 @@ async def _workload(client: httpx.AsyncClient) -> None:
 def run_app(s: SimSettings, fn: Any, exporter: InMemorySpanExporter | None = None) -> Any:
     async def main() -> Any:
         app = create_app(s, span_exporter=exporter)
-        async with app.router.lifespan_context(app):
-            transport = httpx.ASGITransport(app=app)
-            async with httpx.AsyncClient(transport=transport, base_url="http://sim", timeout=60) as client:
-                return await fn(client, app)
+        async with in_process(app) as client:
+            return await fn(client, app)
 
     return asyncio.run(main())
 
@@ -174,21 +168,8 @@ def test_spans_like_vllm() -> None:
 @pytest.fixture
 def live_vllm() -> Iterator[str]:
     """The simulated vLLM on a real socket (127.0.0.1, free port), stopped afterwards."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    app = create_app(settings(speed=20.0))
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        if time.monotonic() > deadline:
-            raise RuntimeError("simulated vLLM did not start")
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(timeout=10)
+    with served_in_thread(create_app(settings(speed=20.0))) as url:
+        yield url
 
 
 def test_official_openai_client(live_vllm: str) -> None:

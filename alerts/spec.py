@@ -150,6 +150,17 @@ class AlertSettings(BaseModel):
             raise ValueError(f"{value!r} is not a Prometheus duration like 5m")
         return value
 
+    @field_validator("severities")
+    @classmethod
+    def _severities(cls, value: dict[str, str]) -> dict[str, str]:
+        unknown = sorted(set(value) - set(V.SATURATION_ALERTS))
+        if unknown:
+            raise ValueError(
+                f"no alert named {', '.join(map(repr, unknown))}; severities can be set for "
+                + ", ".join(V.SATURATION_ALERTS)
+            )
+        return value
+
 
 class SLOFile(BaseModel):
     model_config = ConfigDict(extra="forbid")

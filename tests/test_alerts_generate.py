@@ -90,6 +90,7 @@ slos:
         (BASE.replace("{latency: {metric: time_to_first_token, threshold_seconds: 0.5}}", "{}"), "exactly one of"),
         (BASE + "    period: 1d\n", "shorter than the longest alert window"),
         ("slos: [\n", "not valid YAML"),
+        (BASE + "alerts:\n  severities: {LLMKVCacheSatured: page}\n", "no alert named 'LLMKVCacheSatured'"),
     ],
 )
 def test_bad_slo_files_name_the_problem(text: str, fragment: str) -> None:

@@ -17,6 +17,16 @@ def samples(text: str) -> list[Sample]:
     return out
 
 
+def le_sets(text: str) -> dict[str, set[str]]:
+    """Per histogram family, the set of its ``le`` strings, exactly as exposed."""
+    out: dict[str, set[str]] = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if "le" in s.labels:
+                out.setdefault(fam.name, set()).add(s.labels["le"])
+    return out
+
+
 def families(text: str) -> dict[str, str]:
     return {f.name: f.type for f in text_string_to_metric_families(text)}
 

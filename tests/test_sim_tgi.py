@@ -18,7 +18,6 @@ from fastapi import FastAPI
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
-from prometheus_client.parser import text_string_to_metric_families
 
 from exporters.engines import builtin_registry
 from exporters.mapping import TranslateContext, translate_text
@@ -29,7 +28,7 @@ from simulator.server import create_app
 
 from .conftest import ENGINE_FIXTURES, in_process
 from .fidelity import diff, schema
-from .helpers import value
+from .helpers import le_sets, value
 
 FIXTURE = ENGINE_FIXTURES / "tgi" / "3.3.7"
 FIXTURE_TEXT = (FIXTURE / "metrics.txt").read_text()
@@ -225,15 +224,6 @@ def test_rendering_rules(workload: Workload) -> None:
 
 
 GROUP = {"counter": 0, "gauge": 1, "histogram": 2, "summary": 2}
-
-
-def le_sets(text: str) -> dict[str, set[str]]:
-    out: dict[str, set[str]] = {}
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            if "le" in s.labels:
-                out.setdefault(fam.name, set()).add(s.labels["le"])
-    return out
 
 
 def test_bucket_bounds_match_the_router(workload: Workload) -> None:

@@ -30,6 +30,7 @@ from simulator.server import create_app
 
 from .conftest import ENGINE_FIXTURES, in_process, served_in_thread
 from .fidelity import diff, schema
+from .helpers import le_sets
 
 FIXTURES = ENGINE_FIXTURES / "trtllm"
 MODEL = "Qwen3-8B"
@@ -93,15 +94,6 @@ def helps(text: str) -> dict[str, str]:
     return dict(re.findall(r"^# HELP (\S+) (.*)$", text, re.MULTILINE))
 
 
-def buckets(text: str) -> dict[str, set[str]]:
-    out: dict[str, set[str]] = {}
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            if "le" in s.labels:
-                out.setdefault(fam.name, set()).add(s.labels["le"])
-    return out
-
-
 def test_prometheus_exposition_matches_the_gen_c_fixture() -> None:
     fixture = (FIXTURES / "gen-c" / "prometheus.txt").read_text()
     text, _ = workload()
@@ -109,7 +101,7 @@ def test_prometheus_exposition_matches_the_gen_c_fixture() -> None:
     assert not problems, "\n".join(problems)
     assert len(schema(text)) == 52
     assert helps(text) == helps(fixture)
-    assert buckets(text) == buckets(fixture)
+    assert le_sets(text) == le_sets(fixture)
     assert "_created" not in text
     # multiprocess-mode rendering: gauges carry pid (the worker's differs), histograms start with _sum
     pids: dict[str, set[str]] = {}

@@ -46,6 +46,14 @@ def run(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
 
 
+def assert_succeeds(*args: str) -> None:
+    """The tool exits 0 and says SUCCESS."""
+    result = run(*args)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    assert "SUCCESS" in output, output
+
+
 def load_yaml(path: Path) -> Any:
     return yaml.safe_load(path.read_text())
 
@@ -73,10 +81,7 @@ def test_unit_test_files_exist_and_test_the_generated_rules() -> None:
 @pytest.mark.parametrize("test_file", UNIT_TEST_FILES, ids=lambda p: p.name)
 def test_promtool_unit_tests(test_file: Path) -> None:
     promtool = require_tool("promtool")
-    result = run(promtool, "test", "rules", str(test_file.relative_to(ROOT)))
-    output = result.stdout + result.stderr
-    assert result.returncode == 0, output
-    assert "SUCCESS" in output, output
+    assert_succeeds(promtool, "test", "rules", str(test_file.relative_to(ROOT)))
 
 
 def test_every_alert_is_proven_to_fire() -> None:
@@ -114,19 +119,13 @@ def test_every_recording_rule_is_exercised() -> None:
 
 def test_promtool_check_rules() -> None:
     promtool = require_tool("promtool")
-    result = run(promtool, "check", "rules", str(RULES.relative_to(ROOT)))
-    output = result.stdout + result.stderr
-    assert result.returncode == 0, output
-    assert "SUCCESS" in output, output
+    assert_succeeds(promtool, "check", "rules", str(RULES.relative_to(ROOT)))
 
 
 # --- amtool --------------------------------------------------------------------------------------
 def test_amtool_check_config() -> None:
     amtool = require_tool("amtool")
-    result = run(amtool, "check-config", str(ALERTMANAGER.relative_to(ROOT)))
-    output = result.stdout + result.stderr
-    assert result.returncode == 0, output
-    assert "SUCCESS" in output, output
+    assert_succeeds(amtool, "check-config", str(ALERTMANAGER.relative_to(ROOT)))
 
 
 def route(receiver: str, *labels: str) -> subprocess.CompletedProcess[str]:

@@ -11,7 +11,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from inferwatch import vocabulary as V
+from inferwatch.core import vocabulary as V
 
 _NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,62}[a-z0-9])?$")
 _DURATION = re.compile(r"^(\d+)([mhdw])$")

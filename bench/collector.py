@@ -27,24 +27,19 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-# This file is named like the package it measures: keep its own folder off the import path.
-_HERE = Path(__file__).resolve().parent
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
-sys.path.insert(0, str(_HERE.parent))
+import httpx
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, InstrumentationScope, KeyValue
+from opentelemetry.proto.resource.v1.resource_pb2 import Resource
+from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
+from sqlalchemy import insert, text
 
-import httpx  # noqa: E402
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest  # noqa: E402
-from opentelemetry.proto.common.v1.common_pb2 import AnyValue, InstrumentationScope, KeyValue  # noqa: E402
-from opentelemetry.proto.resource.v1.resource_pb2 import Resource  # noqa: E402
-from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span  # noqa: E402
-from sqlalchemy import insert, text  # noqa: E402
-
-from collector import db  # noqa: E402
-from collector.api import compute_stats, requests_table  # noqa: E402
-from collector.sources import map_export  # noqa: E402
-from collector.writer import record_to_dict  # noqa: E402
-from inferwatch import vocabulary as V  # noqa: E402
-from inferwatch.demo import free_ports  # noqa: E402
+from inferwatch.collector import db
+from inferwatch.collector.api import compute_stats, requests_table
+from inferwatch.collector.sources import map_export
+from inferwatch.collector.writer import record_to_dict
+from inferwatch.core import vocabulary as V
+from inferwatch.demo import free_ports
 
 ROOT = Path(__file__).resolve().parent.parent
 SPANS = ROOT / "tests" / "fixtures" / "otlp" / "vllm-0.32.0-cpu" / "spans.json"

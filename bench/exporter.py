@@ -17,12 +17,12 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporters.engines import builtin_registry
-from exporters.mapping import TranslateContext, translate_text
-from exporters.render import render
-from exporters.runtime import with_health
-from exporters.synth import replicate
-from inferwatch import vocabulary as V
+from inferwatch.core import vocabulary as V
+from inferwatch.exporters.engines import builtin_registry
+from inferwatch.exporters.mapping import TranslateContext, translate_text
+from inferwatch.exporters.render import render
+from inferwatch.exporters.runtime import with_health
+from inferwatch.exporters.synth import replicate
 
 ROOT = Path(__file__).resolve().parent.parent
 CAPTURE = ROOT / "tests" / "fixtures" / "engines" / "vllm" / "0.32.0-cpu" / "metrics-final.txt"

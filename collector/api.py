@@ -14,9 +14,9 @@ from fastapi import APIRouter, HTTPException, Query, Request
 from sqlalchemy import Column, Engine, Table, and_, case, func, select, true
 from sqlalchemy.sql.elements import ColumnElement
 
-from . import record as R
-from .config import parse_duration
-from .models import Base
+from inferwatch.collector import record as R
+from inferwatch.collector.config import parse_duration
+from inferwatch.collector.models import Base
 
 router = APIRouter(tags=["requests"])
 

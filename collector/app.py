@@ -19,12 +19,12 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import generate_latest
 from sqlalchemy import Engine, text
 
-from . import db
-from .api import router as api_router
-from .config import CollectorSettings
-from .ingest import CollectorMetrics, Ingestor
-from .otlp import JSON, OtlpError, decode, encode_response
-from .writer import Writer
+from inferwatch.collector import db
+from inferwatch.collector.api import router as api_router
+from inferwatch.collector.config import CollectorSettings
+from inferwatch.collector.ingest import CollectorMetrics, Ingestor
+from inferwatch.collector.otlp import JSON, OtlpError, decode, encode_response
+from inferwatch.collector.writer import Writer
 
 RETRY_AFTER_SECONDS = "2"
 
@@ -89,7 +89,7 @@ def create_app(settings: CollectorSettings, engine: Engine | None = None, start_
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         collector.writer.start()
         if start_grpc and settings.grpc_listen:
-            from .grpc_server import start_grpc_server
+            from inferwatch.collector.grpc_server import start_grpc_server
 
             collector.grpc_server = start_grpc_server(collector)
         try:

@@ -9,9 +9,9 @@ from pathlib import Path
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from inferwatch.config import ConfigError, parse_listen
-
-from .otlp import DEFAULT_MAX_BODY
+from inferwatch.collector.otlp import DEFAULT_MAX_BODY
+from inferwatch.core import resources
+from inferwatch.core.config import ConfigError, parse_listen
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -29,7 +29,11 @@ class CollectorSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="INFERWATCH_COLLECTOR_", extra="ignore")
 
     database_url: str | None = Field(None, description="SQLAlchemy URL; default: SQLite file under data_dir.")
-    data_dir: Path = Field(Path("data"), description="Where the SQLite database and the spool live.")
+    data_dir: Path = Field(
+        default_factory=lambda: resources.default_data_dir() / "collector",
+        description="Where the SQLite database and the spool live (default: the inferwatch data directory, "
+        "$INFERWATCH_DATA_DIR or ~/.local/share/inferwatch, then collector/).",
+    )
     listen: str = "127.0.0.1:4318"
     grpc_listen: str | None = "127.0.0.1:4317"
     max_body_bytes: int = Field(DEFAULT_MAX_BODY, gt=0)

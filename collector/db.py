@@ -23,8 +23,9 @@ from sqlalchemy import URL, Connection, Engine, Executable, create_engine, delet
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.pool import StaticPool
 
-from collector.models import REQUEST_TABLE
-from collector.record import RequestRecord
+from inferwatch.collector.models import REQUEST_TABLE
+from inferwatch.collector.record import RequestRecord
+from inferwatch.core import resources
 
 DB_FILENAME: Final = "inferwatch.db"
 VERSION_TABLE: Final = "alembic_version"
@@ -39,11 +40,11 @@ class SchemaError(RuntimeError):
 
 
 def migrations_dir() -> Path:
-    """The Alembic script directory: ``migrations/`` at the repository root, next to ``collector/``."""
-    path = Path(__file__).resolve().parent.parent / "migrations"
-    if not (path / "env.py").is_file():
-        raise SchemaError(f"the collector's migrations directory is missing (expected {path})")
-    return path
+    """The Alembic script directory, package data of the installed inferwatch (``inferwatch/migrations``)."""
+    try:
+        return resources.migrations_dir()
+    except resources.ResourceError as exc:
+        raise SchemaError(str(exc)) from None
 
 
 # --- engines ---------------------------------------------------------------------------------------------------------

@@ -8,10 +8,10 @@ from typing import TYPE_CHECKING, Any
 import grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
-from inferwatch.config import parse_listen
+from inferwatch.core.config import parse_listen
 
 if TYPE_CHECKING:
-    from .app import Collector
+    from inferwatch.collector.app import Collector
 
 
 class TraceService(trace_service_pb2_grpc.TraceServiceServicer):

@@ -7,10 +7,9 @@ from dataclasses import dataclass
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from inferwatch import vocabulary as V
-
-from .sources import map_export
-from .writer import Writer
+from inferwatch.collector.sources import map_export
+from inferwatch.collector.writer import Writer
+from inferwatch.core import vocabulary as V
 
 
 @dataclass

@@ -1,7 +1,7 @@
-"""The collector's request store: one row of ``TABLE_NAME`` per :class:`~collector.record.RequestRecord`.
+"""The collector's request store: one row of ``TABLE_NAME`` per :class:`~inferwatch.collector.record.RequestRecord`.
 
 Column names are the record's field names; the timing and token columns are spelled through the
-vocabulary constants of :mod:`collector.record`. The schema is created and evolved only by the
+vocabulary constants of :mod:`inferwatch.collector.record`. The schema is created and evolved only by the
 Alembic migrations in the repository's ``migrations/`` directory (``collector.db.ensure_schema``);
 ``tests/test_collector_storage.py`` checks that these models and the migrations agree.
 
@@ -34,7 +34,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from collector.record import (
+from inferwatch.collector.record import (
     CACHED_TOKENS,
     DECODE,
     E2E,
@@ -100,7 +100,7 @@ class LlmRequest(Base):
     """One finished LLM request (one sequence), as stored.
 
     Attribute names are short (``ttft``, ``e2e``…); the column names are the
-    :class:`~collector.record.RequestRecord` field names. :data:`FIELD_TO_ATTR` maps one to the
+    :class:`~inferwatch.collector.record.RequestRecord` field names. :data:`FIELD_TO_ATTR` maps one to the
     other and :meth:`to_record` turns a row back into a record.
     """
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Final
 
-from inferwatch import vocabulary as V
+from inferwatch.core import vocabulary as V
 
 # Column names, spelled from the vocabulary.
 TTFT: Final = V.TIME_TO_FIRST_TOKEN.key

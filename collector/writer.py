@@ -2,7 +2,7 @@
 
 Receivers (OTLP HTTP/gRPC) call :meth:`Writer.submit`; it never blocks on the database. A full
 queue refuses the whole batch (``submit`` returns False: answer 429 / RESOURCE_EXHAUSTED). The
-thread writes batches with :func:`collector.db.insert_records`, which is idempotent on
+thread writes batches with :func:`inferwatch.collector.db.insert_records`, which is idempotent on
 (trace_id, span_id), so writing a record twice is harmless.
 
 When the database is unreachable, batches go to the *spool*: an append-only JSON-lines file, one
@@ -31,8 +31,8 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError, DisconnectionError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
-from collector.db import delete_older_than, insert_records
-from collector.record import RequestRecord
+from inferwatch.collector.db import delete_older_than, insert_records
+from inferwatch.collector.record import RequestRecord
 
 log = logging.getLogger("inferwatch.collector")
 
@@ -226,7 +226,7 @@ COALESCE_BATCHES = 8
 class Writer:
     """Queue + background thread writing :class:`RequestRecord` batches to the store.
 
-    ``insert``, ``delete_older`` and ``now`` are seams for tests (defaults: :mod:`collector.db`'s
+    ``insert``, ``delete_older`` and ``now`` are seams for tests (defaults: :mod:`inferwatch.collector.db`'s
     functions and the UTC wall clock); ``clock`` is the monotonic clock of the batching, retry and
     retention timers.
     """

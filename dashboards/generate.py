@@ -6,11 +6,10 @@ from typing import Any
 
 import yaml
 
-from alerts.spec import SLOFile
-from inferwatch import vocabulary as V
-
-from . import queries as Q
-from .grafana import dashboard_json
+from inferwatch.alerts.spec import SLOFile
+from inferwatch.core import vocabulary as V
+from inferwatch.dashboards import queries as Q
+from inferwatch.dashboards.grafana import dashboard_json
 
 DASHBOARDS_DIR = ""
 """dashboard JSON files sit at the top of the output folder."""

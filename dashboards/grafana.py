@@ -13,7 +13,7 @@ from typing import Any
 from grafanalib import core as G
 from grafanalib._gen import DashboardEncoder
 
-from . import queries as Q
+from inferwatch.dashboards import queries as Q
 
 SCHEMA_VERSION = 39
 REFRESH_ON_TIME_RANGE_CHANGE = 2

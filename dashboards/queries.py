@@ -1,9 +1,9 @@
 """The inferwatch dashboards as plain data: panels, Prometheus queries and SQL queries (no grafanalib).
 
-Every metric, recording-rule and alert name comes from :mod:`inferwatch.vocabulary`; every query reads
+Every metric, recording-rule and alert name comes from :mod:`inferwatch.core.vocabulary`; every query reads
 canonical series only, so one dashboard serves vLLM, TGI, TensorRT-LLM and Triton alike.
-:mod:`dashboards.grafana` turns a :class:`DashboardSpec` into Grafana JSON; :mod:`dashboards.sketch`
-draws its layout.
+:mod:`inferwatch.dashboards.grafana` turns a :class:`DashboardSpec` into Grafana JSON;
+:mod:`inferwatch.dashboards.sketch` draws its layout.
 
 Conventions of the queries:
 
@@ -18,11 +18,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from alerts.generate import BURN_PAIRS, SYMPTOMS
-from alerts.spec import SLO, SLOFile, decimal_text
-from collector.models import TABLE_NAME
-from collector.record import DECODE, E2E, GENERATION_TOKENS, PREFILL, PROMPT_TOKENS, QUEUE, TPOT, TTFT
-from inferwatch import vocabulary as V
+from inferwatch.alerts.generate import BURN_PAIRS, SYMPTOMS
+from inferwatch.alerts.spec import SLO, SLOFile, decimal_text
+from inferwatch.collector.models import TABLE_NAME
+from inferwatch.collector.record import DECODE, E2E, GENERATION_TOKENS, PREFILL, PROMPT_TOKENS, QUEUE, TPOT, TTFT
+from inferwatch.core import vocabulary as V
 
 GRID_WIDTH = 24
 

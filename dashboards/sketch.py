@@ -9,10 +9,9 @@ from __future__ import annotations
 import struct
 import zlib
 
-from alerts.spec import SLOFile
-from inferwatch import vocabulary as V
-
-from . import queries as Q
+from inferwatch.alerts.spec import SLOFile
+from inferwatch.core import vocabulary as V
+from inferwatch.dashboards import queries as Q
 
 CELL_W = 40
 """pixels per grid column (24 columns)."""

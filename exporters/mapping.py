@@ -13,11 +13,10 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-from inferwatch import vocabulary as V
-
-from . import textparse
-from .model import HistogramValue, SeriesKey, Snapshot, rebucket, series_key
-from .textparse import Labels, ParsedText
+from inferwatch.core import vocabulary as V
+from inferwatch.exporters import textparse
+from inferwatch.exporters.model import HistogramValue, SeriesKey, Snapshot, rebucket, series_key
+from inferwatch.exporters.textparse import Labels, ParsedText
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from inferwatch import vocabulary as V
+from inferwatch.core import vocabulary as V
 
 SeriesKey = tuple[tuple[str, str], ...]
 

@@ -9,15 +9,14 @@ from typing import Any
 
 import yaml
 
-from inferwatch import vocabulary as V
-
-from .engines import EngineRegistry
-from .engines import tgi as tgi_engine
-from .engines import trtllm as trtllm_engine
-from .mapping import EngineAdapter, TranslateContext, translate_text
-from .model import Snapshot
-from .render import render
-from .runtime import with_health
+from inferwatch.core import vocabulary as V
+from inferwatch.exporters.engines import EngineRegistry
+from inferwatch.exporters.engines import tgi as tgi_engine
+from inferwatch.exporters.engines import trtllm as trtllm_engine
+from inferwatch.exporters.mapping import EngineAdapter, TranslateContext, translate_text
+from inferwatch.exporters.model import Snapshot
+from inferwatch.exporters.render import render
+from inferwatch.exporters.runtime import with_health
 
 
 class UndetectableEngine(ValueError):

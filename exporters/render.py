@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from inferwatch import vocabulary as V
-
-from .model import SeriesKey, Snapshot
+from inferwatch.core import vocabulary as V
+from inferwatch.exporters.model import SeriesKey, Snapshot
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 

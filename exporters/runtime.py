@@ -3,7 +3,7 @@
 A :class:`TargetScraper` owns one engine target. It resolves the engine (configured, or detected
 from the payload), fetches ``/metrics`` with an injected ``httpx.Client``, reads the engine's
 ``/info``-style endpoint for facts that are not in its metrics, and returns a canonical
-:class:`~exporters.model.Snapshot` with the exporter-health series. A failed scrape yields only
+:class:`~inferwatch.exporters.model.Snapshot` with the exporter-health series. A failed scrape yields only
 health series (``EXPORTER_UP`` is 0): no stale canonical series are served. Errors are logged once
 per change of state.
 """
@@ -21,15 +21,14 @@ from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
-from inferwatch import vocabulary as V
-from inferwatch.config import TargetConfig
-
-from .engines import EngineRegistry
-from .engines import tgi as tgi_engine
-from .engines import trtllm as trtllm_engine
-from .mapping import EngineAdapter, EngineFacts, TranslateContext, translate_text
-from .model import Snapshot, merge_snapshots, series_key
-from .textparse import ParseError, looks_like_text_exposition
+from inferwatch.core import vocabulary as V
+from inferwatch.core.config import TargetConfig
+from inferwatch.exporters.engines import EngineRegistry
+from inferwatch.exporters.engines import tgi as tgi_engine
+from inferwatch.exporters.engines import trtllm as trtllm_engine
+from inferwatch.exporters.mapping import EngineAdapter, EngineFacts, TranslateContext, translate_text
+from inferwatch.exporters.model import Snapshot, merge_snapshots, series_key
+from inferwatch.exporters.textparse import ParseError, looks_like_text_exposition
 
 log = logging.getLogger("inferwatch.exporter")
 

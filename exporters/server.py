@@ -10,14 +10,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 
-from inferwatch import vocabulary as V
-from inferwatch.config import ExporterConfig, parse_listen
-
-from .engines import EngineRegistry
-from .engines import trtllm as trtllm_engine
-from .model import merge_snapshots
-from .render import CONTENT_TYPE, render
-from .runtime import TargetScraper
+from inferwatch.core import vocabulary as V
+from inferwatch.core.config import ExporterConfig, parse_listen
+from inferwatch.exporters.engines import EngineRegistry
+from inferwatch.exporters.engines import trtllm as trtllm_engine
+from inferwatch.exporters.model import merge_snapshots
+from inferwatch.exporters.render import CONTENT_TYPE, render
+from inferwatch.exporters.runtime import TargetScraper
 
 log = logging.getLogger("inferwatch.exporter")
 

@@ -1,3 +1,3 @@
-from .cli import main
+from inferwatch.cli import main
 
 main()

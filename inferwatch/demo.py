@@ -27,8 +27,8 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from . import vocabulary as V
-from .quantile import Scrape
+from inferwatch.core import vocabulary as V
+from inferwatch.core.quantile import Scrape
 
 ENGINES = (V.ENGINE_VLLM, V.ENGINE_TGI, V.ENGINE_TRTLLM, V.ENGINE_TRITON)
 WINDOW_SECONDS = 10.0

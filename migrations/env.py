@@ -10,7 +10,7 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import Connection, Engine, create_engine, pool
 
-from collector.models import Base
+from inferwatch.collector.models import Base
 
 
 def run_with(connection: Connection) -> None:

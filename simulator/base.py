@@ -23,9 +23,9 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 from opentelemetry.trace import Tracer
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from .model import EngineParams, Finish, Sequence, ServingModel, StepReport
-from .profiles import Profile, get_profile
-from .runtime import EngineLoop, LoadGenerator, SimClock, apply_profile, lognormal_int
+from inferwatch.simulator.model import EngineParams, Finish, Sequence, ServingModel, StepReport
+from inferwatch.simulator.profiles import Profile, get_profile
+from inferwatch.simulator.runtime import EngineLoop, LoadGenerator, SimClock, apply_profile, lognormal_int
 
 OtlpProtocol = Literal["http/protobuf", "grpc"]
 

@@ -3,7 +3,7 @@
 ``SimClock`` maps wall time to simulated seconds (``speed`` x faster). ``EngineLoop`` runs steps:
 plan at ``now``, sleep until the step's simulated end, complete it, tell the observers (the
 engine's metrics) and the per-request listeners (HTTP streams). ``LoadGenerator`` submits Poisson
-arrivals with log-normal prompt and output lengths from the active :class:`~simulator.profiles.Profile`.
+arrivals with log-normal prompt and output lengths from the active :class:`~inferwatch.simulator.profiles.Profile`.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from .model import EngineParams, Sequence, ServingModel, StepReport
-from .profiles import Profile
+from inferwatch.simulator.model import EngineParams, Sequence, ServingModel, StepReport
+from inferwatch.simulator.profiles import Profile
 
 TIMER_SLACK = 0.003
 """Wall seconds the engine may run ahead of the clock before it sleeps (asyncio timers are ~1 ms)."""

@@ -14,9 +14,9 @@ from fastapi import FastAPI, HTTPException
 from opentelemetry.sdk.trace.export import SpanExporter
 from pydantic import BaseModel
 
-from .base import SimSettings, SimulatedEngine
-from .model import EngineParams
-from .profiles import PROFILES
+from inferwatch.simulator.base import SimSettings, SimulatedEngine
+from inferwatch.simulator.model import EngineParams
+from inferwatch.simulator.profiles import PROFILES
 
 Factory = Callable[[SimulatedEngine], tuple[FastAPI, Any]]
 

@@ -20,9 +20,9 @@ import httpx
 import pytest
 import uvicorn
 
-from exporters.engines import EngineRegistry, builtin_registry
-from inferwatch import vocabulary as V
+from inferwatch.core import vocabulary as V
 from inferwatch.demo import free_ports
+from inferwatch.exporters.engines import EngineRegistry, builtin_registry
 
 ROOT = Path(__file__).resolve().parent.parent
 ENGINE_FIXTURES = ROOT / "tests" / "fixtures" / "engines"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from inferwatch import vocabulary as V
+from inferwatch.core import vocabulary as V
 
 Sample = tuple[str, dict[str, str], float]
 

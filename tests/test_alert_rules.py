@@ -22,9 +22,8 @@ import httpx
 import pytest
 import yaml
 
-from inferwatch import vocabulary as V
-
-from .conftest import ROOT, free_port, require_tool
+from inferwatch.core import vocabulary as V
+from tests.conftest import ROOT, free_port, require_tool
 
 ALERT_TESTS = ROOT / "tests" / "alerts"
 GENERATED = ROOT / "alerts" / "generated"

@@ -9,12 +9,11 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from alerts.generate import BURN_PAIRS, burn_factor, generate
-from alerts.spec import SLOFileError, load, parse
-from inferwatch import vocabulary as V
+from inferwatch.alerts.generate import BURN_PAIRS, burn_factor, generate
+from inferwatch.alerts.spec import SLOFileError, load, parse
 from inferwatch.cli import app
-
-from .conftest import ROOT
+from inferwatch.core import vocabulary as V
+from tests.conftest import ROOT
 
 SLOS = ROOT / "alerts" / "slos.yaml"
 GENERATED = ROOT / "alerts" / "generated"
@@ -146,7 +145,7 @@ alerts:
 
 def test_a_new_slo_file_gives_rules_promtool_accepts(tmp_path: Path) -> None:
     """What a user does: write an SLO, run one command, check the rules with promtool."""
-    from .conftest import require_tool
+    from tests.conftest import require_tool
 
     promtool = require_tool("promtool")
     amtool = require_tool("amtool")

@@ -7,13 +7,12 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from exporters.engines import vllm as vllm_engine
-from inferwatch import vocabulary as V
 from inferwatch.cli import app
-from inferwatch.config import ConfigError, load_exporter_config, parse_listen
-
-from .conftest import ENGINE_FIXTURES
-from .helpers import value
+from inferwatch.core import vocabulary as V
+from inferwatch.core.config import ConfigError, load_exporter_config, parse_listen
+from inferwatch.exporters.engines import vllm as vllm_engine
+from tests.conftest import ENGINE_FIXTURES
+from tests.helpers import value
 
 REAL = ENGINE_FIXTURES / "vllm" / "0.32.0-cpu" / "metrics-final.txt"
 runner = CliRunner()

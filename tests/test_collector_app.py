@@ -20,11 +20,10 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
-from collector import record as R
-from collector.app import create_app
-from collector.config import CollectorSettings
-
-from .conftest import ROOT, free_port, postgres_schema, served_in_thread
+from inferwatch.collector import record as R
+from inferwatch.collector.app import create_app
+from inferwatch.collector.config import CollectorSettings
+from tests.conftest import ROOT, free_port, postgres_schema, served_in_thread
 
 CAPTURE = ROOT / "tests" / "fixtures" / "otlp" / "vllm-0.32.0-cpu"
 PB = "application/x-protobuf"
@@ -251,7 +250,7 @@ def test_tokens_and_exposure(tmp_path: Path) -> None:
         assert c.get("/api/v1/requests").status_code == 401
         assert c.get("/api/v1/requests", headers={"authorization": "Bearer in"}).status_code == 401
         assert c.get("/api/v1/requests", headers={"authorization": "Bearer out"}).status_code == 200
-    from inferwatch.config import ConfigError
+    from inferwatch.core.config import ConfigError
 
     with pytest.raises(ConfigError, match="refusing"):
         CollectorSettings(data_dir=tmp_path, listen="0.0.0.0:4318").check_exposure()

@@ -25,14 +25,13 @@ from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Sp
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from collector import record as R
-from collector import sources
-from collector.sources import MappedBatch, map_export, tgi, vllm
-from collector.sources.common import ExportIndex, SpanView, any_value, resource_info, timestamp
-from simulator.base import SimSettings
-from simulator.server import create_app
-
-from .conftest import ROOT, in_process
+from inferwatch.collector import record as R
+from inferwatch.collector import sources
+from inferwatch.collector.sources import MappedBatch, map_export, tgi, vllm
+from inferwatch.collector.sources.common import ExportIndex, SpanView, any_value, resource_info, timestamp
+from inferwatch.simulator.base import SimSettings
+from inferwatch.simulator.server import create_app
+from tests.conftest import ROOT, in_process
 
 CAPTURE = ROOT / "tests" / "fixtures" / "otlp" / "vllm-0.32.0-cpu"
 N2_REQUEST_ID = "cmpl-9f91a06b682bf405-0"

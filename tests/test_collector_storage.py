@@ -20,12 +20,11 @@ from sqlalchemy import Engine, create_engine, func, inspect, select, text
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool
 
-from collector import db
-from collector.models import FIELD_TO_ATTR, REQUEST_TABLE, Base, LlmRequest
-from collector.record import CACHED_TOKENS, E2E, TTFT, RequestRecord
-from collector.writer import RECORD_FIELDS, Writer, record_from_json, record_to_json
-
-from .conftest import postgres_schema
+from inferwatch.collector import db
+from inferwatch.collector.models import FIELD_TO_ATTR, REQUEST_TABLE, Base, LlmRequest
+from inferwatch.collector.record import CACHED_TOKENS, E2E, TTFT, RequestRecord
+from inferwatch.collector.writer import RECORD_FIELDS, Writer, record_from_json, record_to_json
+from tests.conftest import postgres_schema
 
 T0 = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
 

@@ -6,13 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from exporters.coverage import markdown, matrix
-from exporters.engines import EngineRegistry
-from exporters.offline import fixture_payloads, load_fixture_meta, translate_fixture
-from inferwatch import vocabulary as V
-
-from .conftest import ENGINE_FIXTURES, ROOT, fixture_dirs
-from .helpers import families
+from inferwatch.core import vocabulary as V
+from inferwatch.exporters.coverage import markdown, matrix
+from inferwatch.exporters.engines import EngineRegistry
+from inferwatch.exporters.offline import fixture_payloads, load_fixture_meta, translate_fixture
+from tests.conftest import ENGINE_FIXTURES, ROOT, fixture_dirs
+from tests.helpers import families
 
 
 def test_matrix_is_complete(registry: EngineRegistry) -> None:
@@ -50,7 +49,7 @@ def test_coverage_doc_is_current(registry: EngineRegistry, update_goldens: bool)
 
 
 def test_vocabulary_doc_is_current(vocab: V.Vocabulary, update_goldens: bool) -> None:
-    from inferwatch.reference import markdown as vocabulary_markdown
+    from inferwatch.core.reference import markdown as vocabulary_markdown
 
     path: Path = ROOT / "docs" / "vocabulary.md"
     text = vocabulary_markdown(vocab)

@@ -12,13 +12,12 @@ from typing import Any
 import pytest
 import yaml
 
-from alerts.spec import SLOFile, load
-from dashboards import queries as Q
-from dashboards.generate import DASHBOARDS_PROVIDER_FILE, DATASOURCES_FILE, generate
-from dashboards.sketch import sketches, wrap
-from inferwatch import vocabulary as V
-
-from .conftest import ROOT, require_tool
+from inferwatch.alerts.spec import SLOFile, load
+from inferwatch.core import vocabulary as V
+from inferwatch.dashboards import queries as Q
+from inferwatch.dashboards.generate import DASHBOARDS_PROVIDER_FILE, DATASOURCES_FILE, generate
+from inferwatch.dashboards.sketch import sketches, wrap
+from tests.conftest import ROOT, require_tool
 
 GENERATED = ROOT / "dashboards" / "generated"
 SKETCHES = ROOT / "docs" / "dashboards"
@@ -264,7 +263,7 @@ def test_slo_dashboard_covers_every_slo(spec: SLOFile) -> None:
 
 
 def test_requests_dashboard_reads_the_collector_table(boards: dict[str, dict[str, Any]]) -> None:
-    from collector.models import REQUEST_TABLE, TABLE_NAME
+    from inferwatch.collector.models import REQUEST_TABLE, TABLE_NAME
 
     board = boards[f"{Q.UID_REQUESTS}.json"]
     sql = [t["rawSql"] for p in _data_panels(board) for t in p.get("targets", []) if t.get("rawSql")]

@@ -1,4 +1,4 @@
-"""The one-vocabulary rule: canonical names are spelled only in inferwatch/vocabulary.py, and raw
+"""The one-vocabulary rule: canonical names are spelled only in inferwatch/core/vocabulary.py, and raw
 engine metric names only in their engine's module."""
 
 from __future__ import annotations
@@ -6,13 +6,12 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from exporters.engines import EngineRegistry
-from exporters.mapping import EngineAdapter
-from inferwatch import vocabulary as V
+from inferwatch.core import vocabulary as V
+from inferwatch.exporters.engines import EngineRegistry
+from inferwatch.exporters.mapping import EngineAdapter
+from tests.conftest import ROOT
 
-from .conftest import ROOT
-
-VOCABULARY_FILE = ROOT / "inferwatch" / "vocabulary.py"
+VOCABULARY_FILE = ROOT / "inferwatch" / "core" / "vocabulary.py"
 EXCLUDED_DIRS = {".venv", ".git", "fixtures", "__pycache__", "build", ".mypy_cache", ".ruff_cache"}
 TOKEN = re.compile(r"(?<![\w:])llm_[a-z0-9_]+")
 VLLM_RAW = re.compile(r"vllm:[a-z]")
@@ -46,7 +45,7 @@ def test_canonical_names_spelled_once() -> None:
             for tok in TOKEN.findall(line):
                 if tok in names:
                     offenders.append(f"{path.relative_to(ROOT)}:{lineno}: {tok}")
-    assert not offenders, "canonical names spelled outside inferwatch/vocabulary.py:\n" + "\n".join(offenders)
+    assert not offenders, "canonical names spelled outside inferwatch/core/vocabulary.py:\n" + "\n".join(offenders)
 
 
 def raw_names(adapter: EngineAdapter) -> set[str]:
@@ -108,4 +107,4 @@ def test_rule_and_alert_names_spelled_once() -> None:
         for name in names:
             if name in text:
                 offenders.append(f"{path.relative_to(ROOT)}: {name}")
-    assert not offenders, "rule or alert names spelled outside inferwatch/vocabulary.py:\n" + "\n".join(offenders)
+    assert not offenders, "rule or alert names spelled outside inferwatch/core/vocabulary.py:\n" + "\n".join(offenders)

@@ -23,13 +23,12 @@ import httpx
 import pytest
 import yaml
 
-from alerts.generate import generate as generate_alerts
-from alerts.spec import parse as parse_slos
-from exporters.coverage import matrix
-from exporters.engines import builtin_registry
-from inferwatch import vocabulary as V
-
-from .conftest import ROOT, free_port, require_tool
+from inferwatch.alerts.generate import generate as generate_alerts
+from inferwatch.alerts.spec import parse as parse_slos
+from inferwatch.core import vocabulary as V
+from inferwatch.exporters.coverage import matrix
+from inferwatch.exporters.engines import builtin_registry
+from tests.conftest import ROOT, free_port, require_tool
 
 ENGINES = (V.ENGINE_VLLM, V.ENGINE_TGI, V.ENGINE_TRTLLM, V.ENGINE_TRITON)
 WARM_UP_SECONDS = 25
@@ -233,7 +232,7 @@ def test_default_slo_rules_produce_values(stack: Stack) -> None:
 
 
 def test_every_dashboard_query_returns_series(stack: Stack) -> None:
-    from dashboards.queries import all_queries
+    from inferwatch.dashboards.queries import all_queries
 
     spec = parse_slos((ROOT / "alerts" / "slos.yaml").read_text(), "slos.yaml", V.Vocabulary())
     wait_for_slo_series(stack)

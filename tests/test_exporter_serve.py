@@ -16,14 +16,13 @@ from pathlib import Path
 import httpx
 import pytest
 
-from exporters.engines import EngineRegistry
-from exporters.replay import TEXT, ReplayServer, fixture_routes
-from exporters.server import Exporter
-from inferwatch import vocabulary as V
-from inferwatch.config import ExporterConfig, TargetConfig
-
-from .conftest import ENGINE_FIXTURES, ROOT, free_port
-from .helpers import has, value
+from inferwatch.core import vocabulary as V
+from inferwatch.core.config import ExporterConfig, TargetConfig
+from inferwatch.exporters.engines import EngineRegistry
+from inferwatch.exporters.replay import TEXT, ReplayServer, fixture_routes
+from inferwatch.exporters.server import Exporter
+from tests.conftest import ENGINE_FIXTURES, ROOT, free_port
+from tests.helpers import has, value
 
 REAL = ENGINE_FIXTURES / "vllm" / "0.32.0-cpu"
 
@@ -213,7 +212,7 @@ def test_a_translation_bug_is_contained(
     registry: EngineRegistry, vllm_engine: ReplayServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An unexpected exception in one target's translation marks it down; the exporter keeps serving."""
-    from exporters import runtime
+    from inferwatch.exporters import runtime
 
     def boom(*args: object) -> None:
         raise RuntimeError("bug")

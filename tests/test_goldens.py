@@ -7,12 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from exporters.engines import EngineRegistry
-from exporters.offline import fixture_payloads, load_fixture_meta, translate_fixture
-from inferwatch import vocabulary as V
-
-from .conftest import ENGINE_FIXTURES, fixture_dirs
-from .helpers import families
+from inferwatch.core import vocabulary as V
+from inferwatch.exporters.engines import EngineRegistry
+from inferwatch.exporters.offline import fixture_payloads, load_fixture_meta, translate_fixture
+from tests.conftest import ENGINE_FIXTURES, fixture_dirs
+from tests.helpers import families
 
 CASES = [(d, p) for d in fixture_dirs() for p in fixture_payloads(load_fixture_meta(d))]
 

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from inferwatch.quantile import histogram_quantile
+from inferwatch.core.quantile import histogram_quantile
 
 
 def test_interpolates_like_promql() -> None:

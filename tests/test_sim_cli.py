@@ -10,9 +10,8 @@ import time
 
 import httpx
 
-from inferwatch import vocabulary as V
-
-from .conftest import ROOT, free_port
+from inferwatch.core import vocabulary as V
+from tests.conftest import ROOT, free_port
 
 
 def test_simulate_serves_and_switches_profile() -> None:

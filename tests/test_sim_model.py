@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from simulator.model import EngineParams, Finish, Sequence, ServingModel, StepReport
-from simulator.profiles import PROFILES
-from simulator.runtime import lognormal_int
+from inferwatch.simulator.model import EngineParams, Finish, Sequence, ServingModel, StepReport
+from inferwatch.simulator.profiles import PROFILES
+from inferwatch.simulator.runtime import lognormal_int
 
 
 def run(

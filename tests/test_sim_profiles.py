@@ -7,14 +7,13 @@ from typing import Any
 
 import pytest
 
-from exporters.engines import builtin_registry
-from exporters.mapping import TranslateContext, translate_text
-from exporters.model import Snapshot
-from inferwatch import vocabulary as V
-from simulator.base import SimSettings
-from simulator.server import create_app, default_params
-
-from .conftest import in_process
+from inferwatch.core import vocabulary as V
+from inferwatch.exporters.engines import builtin_registry
+from inferwatch.exporters.mapping import TranslateContext, translate_text
+from inferwatch.exporters.model import Snapshot
+from inferwatch.simulator.base import SimSettings
+from inferwatch.simulator.server import create_app, default_params
+from tests.conftest import in_process
 
 SPEED = 25.0
 SIM_SECONDS = 40.0

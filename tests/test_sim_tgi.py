@@ -19,16 +19,15 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
-from exporters.engines import builtin_registry
-from exporters.mapping import TranslateContext, translate_text
-from inferwatch import vocabulary as V
-from simulator.base import SimSettings
-from simulator.engines import tgi
-from simulator.server import create_app
-
-from .conftest import ENGINE_FIXTURES, in_process
-from .fidelity import diff, schema
-from .helpers import le_sets, value
+from inferwatch.core import vocabulary as V
+from inferwatch.exporters.engines import builtin_registry
+from inferwatch.exporters.mapping import TranslateContext, translate_text
+from inferwatch.simulator.base import SimSettings
+from inferwatch.simulator.engines import tgi
+from inferwatch.simulator.server import create_app
+from tests.conftest import ENGINE_FIXTURES, in_process
+from tests.fidelity import diff, schema
+from tests.helpers import le_sets, value
 
 FIXTURE = ENGINE_FIXTURES / "tgi" / "3.3.7"
 FIXTURE_TEXT = (FIXTURE / "metrics.txt").read_text()

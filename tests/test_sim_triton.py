@@ -15,17 +15,16 @@ from typing import Any
 
 import httpx
 
-from exporters.engines import builtin_registry
-from exporters.mapping import TranslateContext, translate_text
-from exporters.model import Snapshot
-from inferwatch import vocabulary as V
-from simulator.base import SimSettings, count_tokens
-from simulator.engines import triton as T
-from simulator.model import EngineParams
-from simulator.server import create_app
-
-from .conftest import ENGINE_FIXTURES, in_process
-from .fidelity import diff, schema
+from inferwatch.core import vocabulary as V
+from inferwatch.exporters.engines import builtin_registry
+from inferwatch.exporters.mapping import TranslateContext, translate_text
+from inferwatch.exporters.model import Snapshot
+from inferwatch.simulator.base import SimSettings, count_tokens
+from inferwatch.simulator.engines import triton as T
+from inferwatch.simulator.model import EngineParams
+from inferwatch.simulator.server import create_app
+from tests.conftest import ENGINE_FIXTURES, in_process
+from tests.fidelity import diff, schema
 
 FIXTURE = ENGINE_FIXTURES / "triton" / "25.03-trtllm" / "metrics.txt"
 ENSEMBLE = f"/v2/models/{T.ENSEMBLE}"

@@ -18,19 +18,18 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporters.engines import builtin_registry
-from exporters.engines.trtllm import IterationStatsAccumulator
-from exporters.mapping import TranslateContext, translate_text
-from exporters.model import Snapshot
-from inferwatch import vocabulary as V
-from simulator.base import SimSettings, SimulatedEngine
-from simulator.engines import trtllm
-from simulator.model import EngineParams
-from simulator.server import create_app
-
-from .conftest import ENGINE_FIXTURES, in_process, served_in_thread
-from .fidelity import diff, schema
-from .helpers import le_sets
+from inferwatch.core import vocabulary as V
+from inferwatch.exporters.engines import builtin_registry
+from inferwatch.exporters.engines.trtllm import IterationStatsAccumulator
+from inferwatch.exporters.mapping import TranslateContext, translate_text
+from inferwatch.exporters.model import Snapshot
+from inferwatch.simulator.base import SimSettings, SimulatedEngine
+from inferwatch.simulator.engines import trtllm
+from inferwatch.simulator.model import EngineParams
+from inferwatch.simulator.server import create_app
+from tests.conftest import ENGINE_FIXTURES, in_process, served_in_thread
+from tests.fidelity import diff, schema
+from tests.helpers import le_sets
 
 FIXTURES = ENGINE_FIXTURES / "trtllm"
 MODEL = "Qwen3-8B"

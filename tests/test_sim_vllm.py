@@ -11,15 +11,14 @@ import httpx
 import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from exporters.engines import builtin_registry
-from exporters.mapping import TranslateContext, translate_text
-from inferwatch import vocabulary as V
-from simulator.base import SimSettings
-from simulator.model import EngineParams
-from simulator.server import create_app
-
-from .conftest import ENGINE_FIXTURES, in_process, served_in_thread
-from .fidelity import diff, schema
+from inferwatch.core import vocabulary as V
+from inferwatch.exporters.engines import builtin_registry
+from inferwatch.exporters.mapping import TranslateContext, translate_text
+from inferwatch.simulator.base import SimSettings
+from inferwatch.simulator.model import EngineParams
+from inferwatch.simulator.server import create_app
+from tests.conftest import ENGINE_FIXTURES, in_process, served_in_thread
+from tests.fidelity import diff, schema
 
 REAL = ENGINE_FIXTURES / "vllm" / "0.32.0-cpu" / "metrics-final.txt"
 

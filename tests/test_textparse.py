@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from exporters.model import rebucket
-from exporters.textparse import ParseError, parse, parse_labels
+from inferwatch.exporters.model import rebucket
+from inferwatch.exporters.textparse import ParseError, parse, parse_labels
 
 
 def test_skips_unwanted_and_reads_wanted() -> None:

@@ -7,13 +7,12 @@ from typing import Any
 import pytest
 import yaml
 
-from exporters.engines import EngineRegistry
-from exporters.engines import triton as triton_engine
-from exporters.mapping import TranslateContext, translate_text
-from exporters.model import Snapshot
-from inferwatch import vocabulary as V
-
-from .conftest import ENGINE_FIXTURES
+from inferwatch.core import vocabulary as V
+from inferwatch.exporters.engines import EngineRegistry
+from inferwatch.exporters.engines import triton as triton_engine
+from inferwatch.exporters.mapping import TranslateContext, translate_text
+from inferwatch.exporters.model import Snapshot
+from tests.conftest import ENGINE_FIXTURES
 
 D = ENGINE_FIXTURES / "triton" / "25.03-trtllm"
 F: dict[str, Any] = yaml.safe_load((D / "fixture.yaml").read_text())["facts"]

@@ -9,17 +9,16 @@ from typing import Any
 import pytest
 import yaml
 
-from exporters.engines import EngineRegistry
-from exporters.engines import trtllm as trtllm_engine
-from exporters.mapping import TranslateContext, translate_text
-from exporters.model import Snapshot
-from exporters.replay import JSON, TEXT, ReplayServer
-from exporters.server import Exporter
-from inferwatch import vocabulary as V
-from inferwatch.config import ExporterConfig, TargetConfig
-
-from .conftest import ENGINE_FIXTURES
-from .helpers import has, value
+from inferwatch.core import vocabulary as V
+from inferwatch.core.config import ExporterConfig, TargetConfig
+from inferwatch.exporters.engines import EngineRegistry
+from inferwatch.exporters.engines import trtllm as trtllm_engine
+from inferwatch.exporters.mapping import TranslateContext, translate_text
+from inferwatch.exporters.model import Snapshot
+from inferwatch.exporters.replay import JSON, TEXT, ReplayServer
+from inferwatch.exporters.server import Exporter
+from tests.conftest import ENGINE_FIXTURES
+from tests.helpers import has, value
 
 D = ENGINE_FIXTURES / "trtllm"
 

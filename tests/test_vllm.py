@@ -7,13 +7,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from exporters.engines import EngineRegistry
-from exporters.engines import vllm as vllm_engine
-from exporters.mapping import TranslateContext, translate_text
-from exporters.model import Snapshot
-from inferwatch import vocabulary as V
-
-from .conftest import ENGINE_FIXTURES
+from inferwatch.core import vocabulary as V
+from inferwatch.exporters.engines import EngineRegistry
+from inferwatch.exporters.engines import vllm as vllm_engine
+from inferwatch.exporters.mapping import TranslateContext, translate_text
+from inferwatch.exporters.model import Snapshot
+from tests.conftest import ENGINE_FIXTURES
 
 REAL = ENGINE_FIXTURES / "vllm" / "0.32.0-cpu"
 FACTS = yaml.safe_load((REAL / "fixture.yaml").read_text())["facts"]
@@ -26,7 +25,7 @@ def translate(path: Path, model_override: str | None = None, extra_labels: dict[
 
 def source_value(path: Path, name: str, suffix: str = "") -> float:
     """A raw vLLM sample value, found through the adapter's own mapping row for ``name``."""
-    from exporters.textparse import parse
+    from inferwatch.exporters.textparse import parse
 
     parsed = parse(path.read_text(), {name + suffix})
     return sum(v for _, v in parsed.get(name + suffix))

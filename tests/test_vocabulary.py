@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from inferwatch import vocabulary as V
-from inferwatch.config import ConfigError, InferwatchSettings
+from inferwatch.core import vocabulary as V
+from inferwatch.core.config import ConfigError, InferwatchSettings
 
 
 def test_otel_layouts() -> None:

@@ -22,10 +22,9 @@ from typing import Final, Protocol
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from collector.record import RequestRecord
-
-from . import genai, tgi, trtllm, vllm
-from .common import (
+from inferwatch.collector.record import RequestRecord
+from inferwatch.collector.sources import genai, tgi, trtllm, vllm
+from inferwatch.collector.sources.common import (
     Column,
     ExportIndex,
     Rejected,

@@ -18,7 +18,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
-from collector.record import RequestRecord
+from inferwatch.collector.record import RequestRecord
 
 EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
 TRACE_ID_BYTES: Final = 16

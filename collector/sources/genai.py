@@ -12,9 +12,8 @@ from __future__ import annotations
 
 from typing import Final
 
-from collector import record as R
-
-from .common import (
+from inferwatch.collector import record as R
+from inferwatch.collector.sources.common import (
     MODEL_KEYS,
     Column,
     SpanView,

@@ -26,10 +26,9 @@ import re
 from decimal import Decimal, InvalidOperation
 from typing import Any, Final
 
-from collector import record as R
-from inferwatch import vocabulary as V
-
-from .common import Rejected, SpanView, base_record, first_of, integer, model_of, unmapped
+from inferwatch.collector import record as R
+from inferwatch.collector.sources.common import Rejected, SpanView, base_record, first_of, integer, model_of, unmapped
+from inferwatch.core import vocabulary as V
 
 NAME: Final = V.ENGINE_TGI
 HANDLERS: Final = frozenset({"generate", "generate_stream", "chat_completions", "completions", "vertex_compatibility"})

@@ -16,10 +16,9 @@ from __future__ import annotations
 
 from typing import Final
 
-from collector import record as R
-from inferwatch import vocabulary as V
-
-from .common import Column, SpanView, base_record, fill, model_of, string_list, unmapped
+from inferwatch.collector import record as R
+from inferwatch.collector.sources.common import Column, SpanView, base_record, fill, model_of, string_list, unmapped
+from inferwatch.core import vocabulary as V
 
 NAME: Final = V.ENGINE_TRTLLM
 SCOPE: Final = "trt.llm"

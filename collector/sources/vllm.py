@@ -14,11 +14,10 @@ from __future__ import annotations
 
 from typing import Final
 
-from collector import record as R
-from inferwatch import vocabulary as V
-
-from . import trtllm
-from .common import Column, Rejected, SpanView, base_record, fill, model_of, text, unmapped
+from inferwatch.collector import record as R
+from inferwatch.collector.sources import trtllm
+from inferwatch.collector.sources.common import Column, Rejected, SpanView, base_record, fill, model_of, text, unmapped
+from inferwatch.core import vocabulary as V
 
 NAME: Final = V.ENGINE_VLLM
 SPAN_NAME: Final = "llm_request"

@@ -6,9 +6,8 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from exporters.mapping import EngineAdapter
-
-from . import tgi, triton, trtllm, vllm
+from inferwatch.exporters.engines import tgi, triton, trtllm, vllm
+from inferwatch.exporters.mapping import EngineAdapter
 
 
 @dataclass

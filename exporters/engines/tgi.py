@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from exporters.mapping import EngineAdapter, EngineFacts, Row, TranslateContext, info_key
-from exporters.model import Snapshot
-from exporters.textparse import ParsedText
-from inferwatch import vocabulary as V
+from inferwatch.core import vocabulary as V
+from inferwatch.exporters.mapping import EngineAdapter, EngineFacts, Row, TranslateContext, info_key
+from inferwatch.exporters.model import Snapshot
+from inferwatch.exporters.textparse import ParsedText
 
 OPTION_MAX_BATCH_TOTAL_TOKENS = "max_batch_total_tokens"
 

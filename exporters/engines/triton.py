@@ -11,10 +11,10 @@ counters and durations are taken only for the TensorRT-LLM models (those with ``
 
 from __future__ import annotations
 
-from exporters.mapping import EngineAdapter, Row, TranslateContext, info_key, translate_rows, version_info
-from exporters.model import Snapshot
-from exporters.textparse import Labels, ParsedText
-from inferwatch import vocabulary as V
+from inferwatch.core import vocabulary as V
+from inferwatch.exporters.mapping import EngineAdapter, Row, TranslateContext, info_key, translate_rows, version_info
+from inferwatch.exporters.model import Snapshot
+from inferwatch.exporters.textparse import Labels, ParsedText
 
 L = {"model": V.LABEL_MODEL}
 REQUEST_METRICS = "nv_trt_llm_request_metrics"

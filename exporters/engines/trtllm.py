@@ -15,10 +15,10 @@ import threading
 from collections.abc import Iterable
 from typing import Any
 
-from exporters.mapping import EngineAdapter, Row, TranslateContext, info_key, version_info
-from exporters.model import Snapshot
-from exporters.textparse import ParsedText
-from inferwatch import vocabulary as V
+from inferwatch.core import vocabulary as V
+from inferwatch.exporters.mapping import EngineAdapter, Row, TranslateContext, info_key, version_info
+from inferwatch.exporters.model import Snapshot
+from inferwatch.exporters.textparse import ParsedText
 
 L = {"model_name": V.LABEL_MODEL}
 

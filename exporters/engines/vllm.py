@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from exporters.mapping import EngineAdapter, Row, TranslateContext, first, info_key, version_info
-from exporters.model import Snapshot
-from exporters.textparse import ParsedText
-from inferwatch import vocabulary as V
+from inferwatch.core import vocabulary as V
+from inferwatch.exporters.mapping import EngineAdapter, Row, TranslateContext, first, info_key, version_info
+from inferwatch.exporters.model import Snapshot
+from inferwatch.exporters.textparse import ParsedText
 
 PREFIX = "vllm:"
 L = {"model_name": V.LABEL_MODEL, "engine": V.LABEL_DP_RANK}

@@ -73,8 +73,8 @@ from opentelemetry.context import Context
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 from starlette.types import Receive, Scope, Send
 
-from simulator.base import EngineMetrics, RequestHandle, SimulatedEngine, count_tokens, ns, parent_context
-from simulator.model import Finish, Sequence, StepReport
+from inferwatch.simulator.base import EngineMetrics, RequestHandle, SimulatedEngine, count_tokens, ns, parent_context
+from inferwatch.simulator.model import Finish, Sequence, StepReport
 
 VERSION = "3.3.6-dev0"
 """``CARGO_PKG_VERSION`` of the v3.3.6 and v3.3.7 builds (tgi.md §0)."""

@@ -60,8 +60,8 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
-from simulator.base import EngineMetrics, RequestHandle, SimulatedEngine, count_tokens
-from simulator.model import Finish, Sequence, StepReport
+from inferwatch.simulator.base import EngineMetrics, RequestHandle, SimulatedEngine, count_tokens
+from inferwatch.simulator.model import Finish, Sequence, StepReport
 
 VERSION = "2.56.0"
 """Triton server version of the 25.03 container."""

@@ -68,10 +68,10 @@ from prometheus_client.utils import floatToGoString
 from starlette.routing import Mount
 from starlette.types import Receive, Scope, Send
 
-from simulator.base import EngineMetrics, SimulatedEngine, count_tokens, ns, parent_context
-from simulator.buckets import ITL_BUCKETS as TPOT_BUCKETS
-from simulator.buckets import LATENCY_BUCKETS, TTFT_BUCKETS
-from simulator.model import Finish, Sequence, StepReport
+from inferwatch.simulator.base import EngineMetrics, SimulatedEngine, count_tokens, ns, parent_context
+from inferwatch.simulator.buckets import ITL_BUCKETS as TPOT_BUCKETS
+from inferwatch.simulator.buckets import LATENCY_BUCKETS, TTFT_BUCKETS
+from inferwatch.simulator.model import Finish, Sequence, StepReport
 
 VERSION = "1.3.0rc10"
 SCOPE = "trt.llm"

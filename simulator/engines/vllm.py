@@ -31,9 +31,9 @@ from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoint
 
-from simulator.base import EngineMetrics, SimulatedEngine, count_tokens, finish_word, ns, parent_context
-from simulator.buckets import ITL_BUCKETS, LATENCY_BUCKETS, TTFT_BUCKETS
-from simulator.model import Finish, Sequence, StepReport
+from inferwatch.simulator.base import EngineMetrics, SimulatedEngine, count_tokens, finish_word, ns, parent_context
+from inferwatch.simulator.buckets import ITL_BUCKETS, LATENCY_BUCKETS, TTFT_BUCKETS
+from inferwatch.simulator.model import Finish, Sequence, StepReport
 
 VERSION = "0.33.0"
 SCOPE = "vllm.tracing.otel"

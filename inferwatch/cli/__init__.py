@@ -14,8 +14,8 @@ from typing import Annotated, Any, Literal
 import typer
 from rich.console import Console
 
-from . import __version__
-from .config import (
+from inferwatch import __version__
+from inferwatch.core.config import (
     ConfigError,
     EngineChoice,
     ExporterConfig,
@@ -78,8 +78,8 @@ def vocabulary_cmd(
     """List the canonical metrics: names, types, units, labels and bucket layouts."""
     from rich.table import Table
 
-    from . import vocabulary as V
-    from .reference import markdown as render_markdown
+    from inferwatch.core import vocabulary as V
+    from inferwatch.core.reference import markdown as render_markdown
 
     vocab = _settings().vocabulary()
     if markdown:
@@ -99,9 +99,9 @@ def coverage_cmd(
     markdown: Annotated[bool, typer.Option(help="Print the coverage matrix as Markdown.")] = False,
 ) -> None:
     """Which canonical signals each engine provides, and why the others are missing."""
-    from exporters.coverage import markdown as render_markdown
-    from exporters.coverage import matrix
-    from exporters.engines import builtin_registry
+    from inferwatch.exporters.coverage import markdown as render_markdown
+    from inferwatch.exporters.coverage import matrix
+    from inferwatch.exporters.engines import builtin_registry
 
     registry = builtin_registry()
     if markdown:
@@ -114,7 +114,7 @@ def coverage_cmd(
     table.add_column("metric")
     for engine in m:
         table.add_column(engine)
-    from . import vocabulary as V
+    from inferwatch.core import vocabulary as V
 
     for spec in V.CANONICAL_METRICS:
         table.add_row(spec.key, *("yes" if m[e].get(spec.key) == "mapped" else "-" for e in m))
@@ -146,10 +146,10 @@ def translate(
     The output holds canonical llm_* families plus the exporter-health series, exactly as
     `inferwatch exporter serve` would serve them for that payload.
     """
-    from exporters.engines import builtin_registry
-    from exporters.mapping import TranslateContext
-    from exporters.offline import UndetectableEngine, render_with_health, resolve_adapter, translate_payload
-    from exporters.textparse import ParseError
+    from inferwatch.exporters.engines import builtin_registry
+    from inferwatch.exporters.mapping import TranslateContext
+    from inferwatch.exporters.offline import UndetectableEngine, render_with_health, resolve_adapter, translate_payload
+    from inferwatch.exporters.textparse import ParseError
 
     settings = _settings()
     registry = builtin_registry()
@@ -243,8 +243,8 @@ def serve(
     When an engine is down, slow or returns garbage, the up gauge is 0, no stale canonical
     series are served, the error is logged once per change and the exporter keeps running.
     """
-    from exporters.engines import builtin_registry
-    from exporters.server import Exporter
+    from inferwatch.exporters.engines import builtin_registry
+    from inferwatch.exporters.server import Exporter
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = _settings()
@@ -277,7 +277,7 @@ app.add_typer(db_app, name="db")
 
 
 def _collector_settings(**overrides: Any) -> Any:
-    from collector.config import CollectorSettings
+    from inferwatch.collector.config import CollectorSettings
 
     try:
         return CollectorSettings(**{k: v for k, v in overrides.items() if v is not None})
@@ -306,7 +306,7 @@ def collector_serve(
 
     import uvicorn
 
-    from collector.app import create_app
+    from inferwatch.collector.app import create_app
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = _collector_settings(
@@ -324,7 +324,7 @@ def collector_serve(
         application = create_app(settings)
     except (ConfigError, ValueError) as exc:
         raise _fail(str(exc)) from None
-    from .config import parse_listen
+    from inferwatch.core.config import parse_listen
 
     host, port = parse_listen(settings.listen)
 
@@ -355,7 +355,7 @@ def db_upgrade(
     revision: Annotated[str, typer.Option(help="Target revision.")] = "head",
 ) -> None:
     """Apply the collector's migrations."""
-    from collector import db
+    from inferwatch.collector import db
 
     settings = _collector_settings(database_url=database_url, data_dir=data_dir)
     settings.data_dir.mkdir(parents=True, exist_ok=True)
@@ -381,8 +381,8 @@ def generate_alerts(
     Writes rules.yml, alertmanager.yml and runbooks.md (deterministic, "generated, do not edit").
     Latency thresholds must be canonical bucket boundaries (INFERWATCH_SLO_THRESHOLDS adds some).
     """
-    from alerts.generate import generate
-    from alerts.spec import SLOFileError, load
+    from inferwatch.alerts.generate import generate
+    from inferwatch.alerts.spec import SLOFileError, load
 
     vocab = _settings().vocabulary()
     try:
@@ -418,8 +418,8 @@ def generate_dashboards(
     Import the JSON into any Grafana, or mount the provisioning folder; datasources are template
     variables, so nothing refers to a particular Grafana's uids.
     """
-    from alerts.spec import SLOFileError, load
-    from dashboards.generate import generate
+    from inferwatch.alerts.spec import SLOFileError, load
+    from inferwatch.dashboards.generate import generate
 
     vocab = _settings().vocabulary()
     spec = None
@@ -428,7 +428,7 @@ def generate_dashboards(
             spec = load(slo, vocab)
         except SLOFileError as exc:
             raise _fail(str(exc)) from None
-    from dashboards.sketch import sketches as draw
+    from inferwatch.dashboards.sketch import sketches as draw
 
     files: dict[Path, bytes] = {out / name: content.encode() for name, content in generate(spec, vocab).items()}
     if sketches is not None:
@@ -473,9 +473,9 @@ def simulate(
     For demos and tests without a GPU; point inferwatch at real engines in production. Switch the
     profile at runtime with: curl -XPOST localhost:PORT/simulator/profile -d '{"profile":"kv-pressure"}'
     """
-    from simulator.base import SimSettings
-    from simulator.profiles import PROFILES
-    from simulator.server import default_params, serve
+    from inferwatch.simulator.base import SimSettings
+    from inferwatch.simulator.profiles import PROFILES
+    from inferwatch.simulator.server import default_params, serve
 
     if list_profiles:
         for p in PROFILES.values():
@@ -523,7 +523,7 @@ def demo(
     exporters' canonical output (not the simulators' internals), as Prometheus would. Ctrl-C (or
     --duration) stops every process it started.
     """
-    from .demo import run_demo
+    from inferwatch.demo import run_demo
 
     raise typer.Exit(run_demo(duration=duration, vllm_profile=vllm_profile, speed=speed, base_port=base_port))
 

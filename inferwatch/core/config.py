@@ -13,7 +13,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from . import vocabulary as V
+from inferwatch.core import vocabulary as V
 
 EngineChoice = Literal["auto", "vllm", "tgi", "trtllm", "triton"]
 SimEngine = Literal["vllm", "tgi", "trtllm", "triton"]

@@ -27,10 +27,11 @@ system-deps: ## install Debian's prometheus (promtool) and prometheus-alertmanag
 
 install: $(STAMP) system-deps ## Python deps into .venv, plus system packages the tests need
 
-lint: $(STAMP) ## ruff + mypy --strict
+lint: $(STAMP) ## ruff, mypy --strict and the import contracts (layers, purity, no cycles)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
 
 test: install ## run the whole test suite (real promtool; CI=1 turns skips of real components into failures)
 	$(PY) -m pytest -q

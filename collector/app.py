@@ -91,7 +91,7 @@ def create_app(settings: CollectorSettings, engine: Engine | None = None, start_
         if start_grpc and settings.grpc_listen:
             from inferwatch.collector.grpc_server import start_grpc_server
 
-            collector.grpc_server = start_grpc_server(collector)
+            collector.grpc_server = start_grpc_server(settings, collector.ingestor)
         try:
             yield
         finally:

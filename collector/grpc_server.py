@@ -3,23 +3,23 @@
 from __future__ import annotations
 
 from concurrent import futures
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
+from inferwatch.collector.config import CollectorSettings
+from inferwatch.collector.ingest import Ingestor
 from inferwatch.core.config import parse_listen
-
-if TYPE_CHECKING:
-    from inferwatch.collector.app import Collector
 
 
 class TraceService(trace_service_pb2_grpc.TraceServiceServicer):
-    def __init__(self, collector: Collector) -> None:
-        self.collector = collector
+    def __init__(self, settings: CollectorSettings, ingestor: Ingestor) -> None:
+        self.settings = settings
+        self.ingestor = ingestor
 
     def _authorised(self, context: grpc.ServicerContext) -> bool:
-        tokens = self.collector.settings.ingest_tokens
+        tokens = self.settings.ingest_tokens
         if not tokens:
             return True
         meta = dict(context.invocation_metadata())
@@ -31,11 +31,9 @@ class TraceService(trace_service_pb2_grpc.TraceServiceServicer):
     ) -> trace_service_pb2.ExportTraceServiceResponse:
         if not self._authorised(context):
             context.abort(grpc.StatusCode.UNAUTHENTICATED, "a bearer token with the ingest scope is required")
-        result = self.collector.ingestor.ingest(request)
+        result = self.ingestor.ingest(request)
         if result.backpressure:
-            code = (
-                grpc.StatusCode.UNAVAILABLE if not self.collector.writer.db_ok else grpc.StatusCode.RESOURCE_EXHAUSTED
-            )
+            code = grpc.StatusCode.UNAVAILABLE if not self.ingestor.writer.db_ok else grpc.StatusCode.RESOURCE_EXHAUSTED
             context.abort(code, result.message)
         resp = trace_service_pb2.ExportTraceServiceResponse()
         if result.rejected:
@@ -44,17 +42,16 @@ class TraceService(trace_service_pb2_grpc.TraceServiceServicer):
         return resp
 
 
-def start_grpc_server(collector: Collector) -> Any:
+def start_grpc_server(settings: CollectorSettings, ingestor: Ingestor) -> Any:
     """Start the gRPC server on ``settings.grpc_listen``; returns it (call ``stop(grace)`` to end it)."""
-    host, port = parse_listen(collector.settings.grpc_listen or "127.0.0.1:4317")
+    host, port = parse_listen(settings.grpc_listen or "127.0.0.1:4317")
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=8),
-        options=[("grpc.max_receive_message_length", collector.settings.max_body_bytes)],
+        options=[("grpc.max_receive_message_length", settings.max_body_bytes)],
     )
-    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(TraceService(collector), server)  # type: ignore[no-untyped-call]
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(TraceService(settings, ingestor), server)  # type: ignore[no-untyped-call]
     bound = server.add_insecure_port(f"{host}:{port}")
     if bound == 0:
         raise OSError(f"cannot listen on {host}:{port} for OTLP/gRPC")
-    collector.grpc_port = bound  # type: ignore[attr-defined]
     server.start()
     return server

@@ -46,8 +46,9 @@ from inferwatch.collector.record import (
     TTFT,
     RequestRecord,
 )
+from inferwatch.core import schema
 
-TABLE_NAME: Final = "inference_requests"
+TABLE_NAME: Final = schema.REQUEST_TABLE
 
 NAMING_CONVENTION: Final[dict[str, str]] = {
     "ix": "ix_%(column_0_label)s",

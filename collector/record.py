@@ -9,21 +9,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Final
+from typing import Any
 
-from inferwatch.core import vocabulary as V
-
-# Column names, spelled from the vocabulary.
-TTFT: Final = V.TIME_TO_FIRST_TOKEN.key
-TPOT: Final = V.TIME_PER_OUTPUT_TOKEN.key
-E2E: Final = V.REQUEST_DURATION.key
-QUEUE: Final = V.REQUEST_QUEUE.key
-PREFILL: Final = V.REQUEST_PREFILL.key
-DECODE: Final = V.REQUEST_DECODE.key
-PROMPT_TOKENS: Final = V.PROMPT_TOKENS.key
-GENERATION_TOKENS: Final = V.GENERATION_TOKENS.key
-CACHED_TOKENS: Final = V.PREFIX_CACHE_HIT_TOKENS.key
-LATENCY_FIELDS: Final[tuple[str, ...]] = (TTFT, TPOT, E2E, QUEUE, PREFILL, DECODE)
+# Column names: the store's public SQL contract, spelled in the core (re-exported for the collector).
+from inferwatch.core.schema import CACHED_TOKENS as CACHED_TOKENS
+from inferwatch.core.schema import DECODE as DECODE
+from inferwatch.core.schema import E2E as E2E
+from inferwatch.core.schema import GENERATION_TOKENS as GENERATION_TOKENS
+from inferwatch.core.schema import LATENCY_FIELDS as LATENCY_FIELDS
+from inferwatch.core.schema import PREFILL as PREFILL
+from inferwatch.core.schema import PROMPT_TOKENS as PROMPT_TOKENS
+from inferwatch.core.schema import QUEUE as QUEUE
+from inferwatch.core.schema import TPOT as TPOT
+from inferwatch.core.schema import TTFT as TTFT
 
 
 @dataclass

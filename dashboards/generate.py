@@ -6,8 +6,8 @@ from typing import Any
 
 import yaml
 
-from inferwatch.alerts.spec import SLOFile
 from inferwatch.core import vocabulary as V
+from inferwatch.core.slo import SLOFile
 from inferwatch.dashboards import queries as Q
 from inferwatch.dashboards.grafana import dashboard_json
 

@@ -18,11 +18,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from inferwatch.alerts.generate import BURN_PAIRS, SYMPTOMS
-from inferwatch.alerts.spec import SLO, SLOFile, decimal_text
-from inferwatch.collector.models import TABLE_NAME
-from inferwatch.collector.record import DECODE, E2E, GENERATION_TOKENS, PREFILL, PROMPT_TOKENS, QUEUE, TPOT, TTFT
+from inferwatch.core import knowledge
 from inferwatch.core import vocabulary as V
+from inferwatch.core.schema import DECODE, E2E, GENERATION_TOKENS, PREFILL, PROMPT_TOKENS, QUEUE, TPOT, TTFT
+from inferwatch.core.schema import REQUEST_TABLE as TABLE_NAME
+from inferwatch.core.slo import SLO, SLOFile, alert_windows, decimal_text
 
 GRID_WIDTH = 24
 
@@ -450,16 +450,6 @@ def _fleet() -> DashboardSpec:
 
 
 # --- LLM SLOs --------------------------------------------------------------------------------
-def alert_windows() -> tuple[str, ...]:
-    """The long and short windows of the burn-rate alerts, in the order of the alert table."""
-    out: list[str] = []
-    for pair in BURN_PAIRS:
-        for w in (pair.long, pair.short):
-            if w not in out:
-                out.append(w)
-    return tuple(out)
-
-
 def _slo_panels(slo: SLO) -> list[Panel | Row]:
     sel = f'{{{V.SLO_LABEL}="{slo.name}"}}'
     by = tuple(slo.group_by)
@@ -692,7 +682,6 @@ def _engine() -> DashboardSpec:
 
 
 # --- LLM KV Cache & Scheduling --------------------------------------------------------------------
-KV_SIZING = "2 × layers × KV heads × head dim × sequence length × batch × bytes per element"
 TIME_TO_EXHAUSTION_CAP_SECONDS = 86400
 DERIV_WINDOW = "10m"
 
@@ -704,9 +693,9 @@ def operating_notes() -> str:
         "",
         "| symptom | likely cause | remedy |",
         "|---|---|---|",
-        *(f"| {s} | {c} | {r} |" for s, c, r in SYMPTOMS),
+        *(f"| {s} | {c} | {r} |" for s, c, r in knowledge.SYMPTOM_TABLE),
         "",
-        f"**KV-cache size** (bytes) = {KV_SIZING}.",
+        f"**KV-cache size** (bytes) = {knowledge.KV_CACHE_FORMULA}.",
         "",
         "Example: 32 layers, 8 KV heads, head dim 128, 8192 tokens, batch 16, fp16 (2 bytes): "
         "2 × 32 × 8 × 128 × 8192 × 16 × 2 = 16 GiB.",

@@ -9,8 +9,8 @@ from __future__ import annotations
 import struct
 import zlib
 
-from inferwatch.alerts.spec import SLOFile
 from inferwatch.core import vocabulary as V
+from inferwatch.core.slo import SLOFile
 from inferwatch.dashboards import queries as Q
 
 CELL_W = 40

@@ -9,10 +9,10 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from inferwatch.alerts.generate import BURN_PAIRS, burn_factor, generate
-from inferwatch.alerts.spec import SLOFileError, load, parse
+from inferwatch.alerts.generate import generate
 from inferwatch.cli import app
 from inferwatch.core import vocabulary as V
+from inferwatch.core.slo import BURN_PAIRS, SLOFileError, burn_factor, load, parse
 from tests.conftest import ROOT
 
 SLOS = ROOT / "alerts" / "slos.yaml"

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import yaml
 
-from inferwatch.alerts.spec import SLOFile, load
 from inferwatch.core import vocabulary as V
+from inferwatch.core.slo import SLOFile, alert_windows, load
 from inferwatch.dashboards import queries as Q
 from inferwatch.dashboards.generate import DASHBOARDS_PROVIDER_FILE, DATASOURCES_FILE, generate
 from inferwatch.dashboards.sketch import sketches, wrap
@@ -258,7 +258,7 @@ def test_slo_dashboard_covers_every_slo(spec: SLOFile) -> None:
         assert any(V.SLO_OBJECTIVE_RECORD in e for e in mine)
         assert any(V.SLO_BUDGET_REMAINING_RECORD in e for e in mine)
         assert any(V.ALERT_SLO_BURN in e and 'alertstate="firing"' in e for e in mine)
-        for window in Q.alert_windows():
+        for window in alert_windows():
             assert any(e.startswith(V.slo_error_ratio(window) + "{") and V.SLO_ERROR_BUDGET_RECORD in e for e in mine)
 
 

@@ -24,8 +24,8 @@ import pytest
 import yaml
 
 from inferwatch.alerts.generate import generate as generate_alerts
-from inferwatch.alerts.spec import parse as parse_slos
 from inferwatch.core import vocabulary as V
+from inferwatch.core.slo import parse as parse_slos
 from inferwatch.exporters.coverage import matrix
 from inferwatch.exporters.engines import builtin_registry
 from tests.conftest import ROOT, free_port, require_tool

@@ -382,7 +382,7 @@ def generate_alerts(
     Latency thresholds must be canonical bucket boundaries (INFERWATCH_SLO_THRESHOLDS adds some).
     """
     from inferwatch.alerts.generate import generate
-    from inferwatch.alerts.spec import SLOFileError, load
+    from inferwatch.core.slo import SLOFileError, load
 
     vocab = _settings().vocabulary()
     try:
@@ -418,7 +418,7 @@ def generate_dashboards(
     Import the JSON into any Grafana, or mount the provisioning folder; datasources are template
     variables, so nothing refers to a particular Grafana's uids.
     """
-    from inferwatch.alerts.spec import SLOFileError, load
+    from inferwatch.core.slo import SLOFileError, load
     from inferwatch.dashboards.generate import generate
 
     vocab = _settings().vocabulary()

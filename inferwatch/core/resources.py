@@ -32,7 +32,9 @@ def package_path(*parts: str) -> Path:
     """
     ref = resources.files(PACKAGE).joinpath(*parts)
     if not isinstance(ref, Path):
-        raise ResourceError(f"inferwatch's {'/'.join(parts)} is not on a filesystem ({ref}); install the wheel unzipped")
+        raise ResourceError(
+            f"inferwatch's {'/'.join(parts)} is not on a filesystem ({ref}); install the wheel unzipped"
+        )
     if not ref.exists():
         raise ResourceError(f"inferwatch's {'/'.join(parts)} is missing (expected {ref}); reinstall inferwatch")
     return ref

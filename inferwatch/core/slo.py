@@ -1,4 +1,8 @@
-"""The SLO file (``slos.yaml``): parsing and validation with errors that name the line and the field."""
+"""SLOs as data: the SLO file (``slos.yaml``), its validation, and the burn-rate alert windows.
+
+Shared by every consumer of SLOs (the rule generator, the dashboards, later the diagnosis), so it
+lives in the core. Errors name the file, the line and the field.
+"""
 
 from __future__ import annotations
 
@@ -262,3 +266,38 @@ def decimal_text(value: Decimal | float) -> str:
         return str(value)
     text = format(d, "f")
     return text
+
+
+@dataclass(frozen=True)
+class BurnPair:
+    """One multi-window burn-rate alert: its severity, long and short windows and budget share."""
+
+    severity: str
+    long: str
+    short: str
+    budget_percent: Decimal
+    """share of the period's error budget consumed in ``long`` at the alerting burn rate."""
+
+
+# Google SRE workbook, table 5-8 (+ the 1d/2h ticket pair of its example), for a 30-day period.
+BURN_PAIRS: tuple[BurnPair, ...] = (
+    BurnPair(V.SEVERITY_PAGE, "1h", "5m", Decimal(2)),
+    BurnPair(V.SEVERITY_PAGE, "6h", "30m", Decimal(5)),
+    BurnPair(V.SEVERITY_TICKET, "1d", "2h", Decimal(10)),
+    BurnPair(V.SEVERITY_TICKET, "3d", "6h", Decimal(10)),
+)
+
+
+def burn_factor(pair: BurnPair, slo: SLO) -> Decimal:
+    """(budget consumed) x period / long window: 14.4, 6, 3 and 1 for a 30-day period."""
+    return (pair.budget_percent / 100) * Decimal(str(period_hours(slo.period))) / Decimal(str(period_hours(pair.long)))
+
+
+def alert_windows() -> tuple[str, ...]:
+    """The long and short windows of the burn-rate alerts, in the order of the alert table."""
+    out: list[str] = []
+    for pair in BURN_PAIRS:
+        for w in (pair.long, pair.short):
+            if w not in out:
+                out.append(w)
+    return tuple(out)

@@ -46,12 +46,12 @@ demo: $(STAMP) ## the exporter end to end on replayed engine payloads (no Docker
 goldens: $(STAMP) ## rewrite golden files after an intended change (review the diff!)
 	$(PY) -m pytest -q tests/test_goldens.py tests/test_coverage.py tests/test_dashboards.py --update-goldens
 	$(PY) -m inferwatch generate alerts --slo alerts/slos.yaml --out alerts/generated
-	$(PY) -m inferwatch generate dashboards --slo alerts/slos.yaml --out dashboards/generated
+	$(PY) -m inferwatch generate dashboards --slo alerts/slos.yaml --out dashboards/generated --sketches docs/dashboards
 
 check-generated: $(STAMP) ## fail when a committed generated file is stale
 	$(PY) -m pytest -q tests/test_goldens.py tests/test_coverage.py tests/test_dashboards.py
 	$(PY) -m inferwatch generate alerts --slo alerts/slos.yaml --out alerts/generated --check
-	$(PY) -m inferwatch generate dashboards --slo alerts/slos.yaml --out dashboards/generated --check
+	$(PY) -m inferwatch generate dashboards --slo alerts/slos.yaml --out dashboards/generated --sketches docs/dashboards --check
 
 clean: ## remove the virtualenv and caches
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

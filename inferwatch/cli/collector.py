@@ -1,0 +1,107 @@
+"""``inferwatch collector`` and ``inferwatch db``: the OTLP trace store and its migrations."""
+
+from __future__ import annotations
+
+import logging
+import signal
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from inferwatch.cli.common import err, fail
+from inferwatch.core.config import ConfigError
+
+collector_app = typer.Typer(
+    help="The collector: per-request LLM traces over OTLP (HTTP and gRPC) into a SQL request store.",
+    no_args_is_help=True,
+)
+db_app = typer.Typer(help="The collector's database (Alembic migrations).", no_args_is_help=True)
+
+
+def _collector_settings(**overrides: Any) -> Any:
+    from inferwatch.collector.config import CollectorSettings
+
+    try:
+        return CollectorSettings(**{k: v for k, v in overrides.items() if v is not None})
+    except (ConfigError, ValueError) as exc:
+        raise fail(f"invalid collector settings: {exc}") from None
+
+
+@collector_app.command("serve")
+def collector_serve(
+    database_url: Annotated[str | None, typer.Option(help="SQLAlchemy URL (default: SQLite under --data-dir).")] = None,
+    data_dir: Annotated[Path | None, typer.Option(help="Directory for the SQLite file and the spool.")] = None,
+    listen: Annotated[str | None, typer.Option(help="OTLP/HTTP and API address (default 127.0.0.1:4318).")] = None,
+    grpc_listen: Annotated[str | None, typer.Option(help="OTLP/gRPC address (default 127.0.0.1:4317).")] = None,
+    retention: Annotated[str | None, typer.Option(help="Delete requests older than this, e.g. 7d.")] = None,
+    ingest_token: Annotated[list[str] | None, typer.Option(help="Bearer token for OTLP (repeatable).")] = None,
+    read_token: Annotated[list[str] | None, typer.Option(help="Bearer token for the API (repeatable).")] = None,
+    insecure: Annotated[bool, typer.Option(help="Allow a non-loopback address without tokens.")] = False,
+    log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
+) -> None:
+    """Receive OTLP traces (vLLM, TGI, trtllm-serve, any GenAI spans), store one row per LLM request.
+
+    Migrations run at start when the database is empty. The read API is at /api/v1 (OpenAPI at /docs).
+    """
+    import asyncio
+    import contextlib
+
+    import uvicorn
+
+    from inferwatch.collector.app import create_app
+
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    settings = _collector_settings(
+        database_url=database_url,
+        data_dir=data_dir,
+        listen=listen,
+        grpc_listen=grpc_listen,
+        retention=retention,
+        ingest_tokens=ingest_token,
+        read_tokens=read_token,
+        insecure=insecure or None,
+    )
+    try:
+        settings.check_exposure()
+        application = create_app(settings)
+    except (ConfigError, ValueError) as exc:
+        raise fail(str(exc)) from None
+    from inferwatch.core.config import parse_listen
+
+    host, port = parse_listen(settings.listen)
+
+    class _Server(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self) -> Any:
+            yield
+
+    server = _Server(uvicorn.Config(application, host=host, port=port, log_level=log_level.lower(), lifespan="on"))
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, lambda: setattr(server, "should_exit", True))
+        await server.serve()
+
+    err.print(
+        f"inferwatch collector: OTLP/HTTP + API on http://{host}:{port}, OTLP/gRPC on "
+        f"{settings.grpc_listen or 'off'}, database {settings.url().split('@')[-1]}"
+    )
+    asyncio.run(main())
+
+
+@db_app.command("upgrade")
+def db_upgrade(
+    database_url: Annotated[str | None, typer.Option(help="SQLAlchemy URL (default: SQLite under --data-dir).")] = None,
+    data_dir: Annotated[Path | None, typer.Option(help="Directory of the default SQLite file.")] = None,
+    revision: Annotated[str, typer.Option(help="Target revision.")] = "head",
+) -> None:
+    """Apply the collector's migrations."""
+    from inferwatch.collector import db
+
+    settings = _collector_settings(database_url=database_url, data_dir=data_dir)
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    engine = db.make_engine(settings.url())
+    db.upgrade(engine, revision)
+    err.print(f"database at revision {db.current_revision(engine)}")

@@ -1,0 +1,34 @@
+"""What every command shares: the error console, clean failures and the process-wide settings."""
+
+from __future__ import annotations
+
+import typer
+from rich.console import Console
+
+from inferwatch.core.config import ConfigError, InferwatchSettings
+
+err = Console(stderr=True, soft_wrap=True)
+
+
+def fail(message: str, code: int = 2) -> typer.Exit:
+    err.print(f"[bold red]error:[/] {message}", highlight=False)
+    return typer.Exit(code)
+
+
+def parse_labels(pairs: list[str] | None) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for pair in pairs or []:
+        name, sep, value = pair.partition("=")
+        if not sep:
+            raise fail(f"--label expects NAME=VALUE, got {pair!r}")
+        out[name] = value
+    return out
+
+
+def load_settings() -> InferwatchSettings:
+    try:
+        settings = InferwatchSettings()
+        settings.vocabulary()
+    except (ConfigError, ValueError) as exc:
+        raise fail(f"invalid INFERWATCH_* settings: {exc}") from None
+    return settings

@@ -28,7 +28,7 @@ ENGINES = ("vllm", "tgi", "trtllm", "triton")
 def engine_factory(name: str) -> Factory:
     if name not in ENGINES:
         raise ValueError(f"unknown engine {name!r}; known: {', '.join(ENGINES)}")
-    module = importlib.import_module(f"simulator.engines.{name}")
+    module = importlib.import_module(f"inferwatch.simulator.engines.{name}")
     factory: Factory = module.create
     return factory
 

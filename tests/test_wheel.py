@@ -1,0 +1,246 @@
+"""The built wheel, installed into a fresh virtualenv outside the checkout, works as a new user runs it.
+
+One module-scoped fixture builds the wheel from this checkout (pip, isolated build), creates a
+virtualenv in a temporary directory, installs the wheel (its dependencies come from the package
+index) and runs every command from an empty working directory under a throw-away ``$HOME``. The
+tests then check that the commands work and that nothing was written into the working directory.
+Without a reachable package index the tests skip on a laptop and fail under ``CI``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import venv
+import zipfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from inferwatch.core import vocabulary as V
+from tests.conftest import ENGINE_FIXTURES, ROOT, free_port
+
+PIP_TIMEOUT_S = 600
+
+
+@dataclass(frozen=True)
+class Installed:
+    wheel: Path
+    venv: Path
+    cwd: Path
+    """an empty directory, outside the checkout, that every command runs in."""
+    home: Path
+    env: dict[str, str]
+
+    @property
+    def bin(self) -> Path:
+        return self.venv / "bin"
+
+    def run(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(self.bin / "inferwatch"), *args],
+            cwd=self.cwd,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+
+    def popen(self, *args: str) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            [str(self.bin / "inferwatch"), *args],
+            cwd=self.cwd,
+            env=self.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+
+
+def _unavailable(message: str) -> None:
+    if os.environ.get("CI"):
+        pytest.fail(message + " and CI is set: this test must not be skipped")
+    pytest.skip(message)
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
+    base = tmp_path_factory.mktemp("wheel")
+    assert ROOT not in base.parents, "the temporary directory must be outside the checkout"
+    dist = base / "dist"
+    build = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--wheel-dir", str(dist), str(ROOT)],
+        capture_output=True,
+        text=True,
+        timeout=PIP_TIMEOUT_S,
+    )
+    if build.returncode != 0:
+        _unavailable(f"cannot build the wheel (is the package index reachable?): {build.stderr[-2000:]}")
+    wheel = next(dist.glob("inferwatch-*.whl"))
+    env_dir = base / "venv"
+    venv.create(env_dir, with_pip=True)
+    install = subprocess.run(
+        [str(env_dir / "bin" / "python"), "-m", "pip", "install", "--quiet", str(wheel)],
+        capture_output=True,
+        text=True,
+        timeout=PIP_TIMEOUT_S,
+    )
+    if install.returncode != 0:
+        _unavailable(f"cannot install the wheel's dependencies: {install.stderr[-2000:]}")
+    cwd, home = base / "work", base / "home"
+    cwd.mkdir()
+    home.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("INFERWATCH_", "XDG_", "PYTHON", "VIRTUAL_ENV"))}
+    env.update({"HOME": str(home), "PATH": f"{env_dir / 'bin'}{os.pathsep}{env.get('PATH', '')}", "COLUMNS": "80"})
+    return Installed(wheel, env_dir, cwd, home, env)
+
+
+@pytest.fixture
+def clean_cwd(installed: Installed) -> Iterator[Installed]:
+    """The test's commands must leave the working directory as empty as they found it."""
+    yield installed
+    assert sorted(p.name for p in installed.cwd.iterdir()) == [], "a command wrote into the current directory"
+
+
+def test_one_top_level_package(installed: Installed) -> None:
+    with zipfile.ZipFile(installed.wheel) as whl:
+        tops = {name.split("/", 1)[0] for name in whl.namelist()}
+        names = whl.namelist()
+    assert {t for t in tops if not t.endswith(".dist-info")} == {"inferwatch"}, tops
+    for data in ("inferwatch/migrations/env.py", "inferwatch/migrations/script.py.mako", "inferwatch/alerts/slos.yaml"):
+        assert data in names, f"{data} is not in the wheel"
+    assert any(n.startswith("inferwatch/migrations/versions/") for n in names)
+    assert not any("/tests/" in n or "/generated/" in n for n in names), "test or generated files shipped"
+    # the installed package is the wheel's, not this checkout's
+    probe = subprocess.run(
+        [
+            str(installed.bin / "python"),
+            "-c",
+            "import inferwatch.collector.app, inferwatch; print(inferwatch.__file__)",
+        ],
+        cwd=installed.cwd,
+        env=installed.env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert Path(probe.stdout.strip()).is_relative_to(installed.venv), probe.stdout
+
+
+def test_help(clean_cwd: Installed) -> None:
+    result = clean_cwd.run("--help")
+    assert result.returncode == 0, result.stderr
+    for command in ("exporter", "collector", "generate", "simulate", "demo"):
+        assert command in result.stdout
+    assert max(len(line) for line in result.stdout.splitlines()) <= 80
+
+
+def test_db_upgrade_and_collector_serve(clean_cwd: Installed) -> None:
+    data_dir = clean_cwd.home / ".local" / "share" / "inferwatch" / "collector"
+    upgrade = clean_cwd.run("db", "upgrade")
+    assert upgrade.returncode == 0, upgrade.stderr
+    assert "database at revision" in upgrade.stderr
+    assert (data_dir / "inferwatch.db").is_file(), "the default database belongs in the documented data directory"
+    http, grpc = free_port(), free_port()
+    proc = clean_cwd.popen("collector", "serve", "--listen", f"127.0.0.1:{http}", "--grpc-listen", f"127.0.0.1:{grpc}")
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                ready = httpx.get(f"http://127.0.0.1:{http}/readyz", timeout=2)
+                if ready.status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert proc.poll() is None, proc.communicate()[1]
+            assert time.monotonic() < deadline, "the collector did not become ready"
+            time.sleep(0.2)
+        assert ready.json()["database"] == "ok"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+
+
+def test_generate_alerts_with_the_packaged_and_a_given_slo_file(clean_cwd: Installed, tmp_path: Path) -> None:
+    out = tmp_path / "alerts"
+    result = clean_cwd.run("generate", "alerts", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    for name in ("rules.yml", "alertmanager.yml", "runbooks.md"):
+        # the packaged default SLO file is the repository's alerts/slos.yaml: same bytes as the goldens
+        assert (out / name).read_text() == (ROOT / "alerts" / "generated" / name).read_text(), name
+    slo_file = tmp_path / "mine.yaml"
+    slo_file.write_text(
+        yaml.safe_dump(
+            {
+                "slos": [
+                    {
+                        "name": "chat-ttft",
+                        "objective": 99.5,
+                        "indicator": {"latency": {"metric": V.TIME_TO_FIRST_TOKEN.key, "threshold_seconds": 1.0}},
+                    }
+                ]
+            }
+        )
+    )
+    mine = tmp_path / "mine"
+    result = clean_cwd.run("generate", "alerts", "--slo", str(slo_file), "--out", str(mine))
+    assert result.returncode == 0, result.stderr
+    assert "chat-ttft" in (mine / "rules.yml").read_text()
+
+
+def test_generate_dashboards_writes_only_under_out(clean_cwd: Installed, tmp_path: Path) -> None:
+    out = tmp_path / "dashboards"
+    result = clean_cwd.run("generate", "dashboards", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    written = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
+    expected = sorted(
+        p.relative_to(ROOT / "dashboards" / "generated").as_posix()
+        for p in (ROOT / "dashboards" / "generated").rglob("*")
+        if p.is_file()
+    )
+    assert written == expected
+    assert not list(tmp_path.glob("*.png")) and not (clean_cwd.cwd / "docs").exists()
+
+
+def test_exporter_translate(clean_cwd: Installed) -> None:
+    capture = ENGINE_FIXTURES / "vllm" / "0.32.0-cpu" / "metrics-final.txt"
+    result = clean_cwd.run("exporter", "translate", str(capture))
+    assert result.returncode == 0, result.stderr
+    assert f"{V.PROMPT_TOKENS.name}{{" in result.stdout
+    assert f"{V.EXPORTER_UP.name}{{" in result.stdout
+
+
+def test_simulate_answers_metrics(clean_cwd: Installed) -> None:
+    port = free_port()
+    proc = clean_cwd.popen("simulate", "--engine", V.ENGINE_VLLM, "--port", str(port), "--speed", "5")
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                metrics = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2)
+                if metrics.status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert proc.poll() is None, proc.communicate()[1]
+            assert time.monotonic() < deadline, "the simulator did not start"
+            time.sleep(0.2)
+        assert metrics.text.count("# TYPE ") > 10
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+
+
+def test_demo_runs_from_the_wheel(clean_cwd: Installed) -> None:
+    result = clean_cwd.run("demo", "--duration", "6", timeout=180)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "stopped" in result.stdout

@@ -8,8 +8,9 @@ import yaml
 
 from inferwatch.core import vocabulary as V
 from inferwatch.core.slo import SLOFile
-from inferwatch.dashboards import queries as Q
+from inferwatch.dashboards import model as M
 from inferwatch.dashboards.grafana import dashboard_json
+from inferwatch.dashboards.registry import dashboards
 
 DASHBOARDS_DIR = ""
 """dashboard JSON files sit at the top of the output folder."""
@@ -34,8 +35,8 @@ def datasources_document() -> dict[str, Any]:
         "datasources": [
             {
                 "name": "inferwatch Prometheus",
-                "type": Q.PROMETHEUS_TYPE,
-                "uid": Q.PROMETHEUS_UID,
+                "type": M.PROMETHEUS_TYPE,
+                "uid": M.PROMETHEUS_UID,
                 "access": "proxy",
                 "url": PROMETHEUS_URL,
                 "isDefault": True,
@@ -44,8 +45,8 @@ def datasources_document() -> dict[str, Any]:
             },
             {
                 "name": "inferwatch PostgreSQL",
-                "type": Q.POSTGRES_TYPE,
-                "uid": Q.POSTGRES_UID,
+                "type": M.POSTGRES_TYPE,
+                "uid": M.POSTGRES_UID,
                 "access": "proxy",
                 "url": POSTGRES_HOST,
                 "user": POSTGRES_USER,
@@ -91,7 +92,7 @@ def generate(spec: SLOFile | None, vocabulary: V.Vocabulary) -> dict[str, str]:
 
     Deterministic: the same inputs give the same bytes. Without an SLO file the SLO dashboard is left out.
     """
-    files = {dashboard_path(d.uid): dashboard_json(d) for d in Q.dashboards(spec, vocabulary)}
+    files = {dashboard_path(d.uid): dashboard_json(d) for d in dashboards(spec, vocabulary)}
     files[DATASOURCES_FILE] = _yaml(datasources_document())
     files[DASHBOARDS_PROVIDER_FILE] = _yaml(dashboards_provider_document())
     return dict(sorted(files.items()))

@@ -13,20 +13,21 @@ from typing import Any
 from grafanalib import core as G
 from grafanalib._gen import DashboardEncoder
 
-from inferwatch.dashboards import queries as Q
+from inferwatch.dashboards import model as M
+from inferwatch.dashboards import promql as P
 
 SCHEMA_VERSION = 39
 REFRESH_ON_TIME_RANGE_CHANGE = 2
 
-PROMETHEUS_REF: dict[str, str] = {"type": Q.PROMETHEUS_TYPE, "uid": f"${{{Q.VAR_DATASOURCE}}}"}
-POSTGRES_REF: dict[str, str] = {"type": Q.POSTGRES_TYPE, "uid": f"${{{Q.VAR_SQL_DATASOURCE}}}"}
+PROMETHEUS_REF: dict[str, str] = {"type": M.PROMETHEUS_TYPE, "uid": f"${{{P.VAR_DATASOURCE}}}"}
+POSTGRES_REF: dict[str, str] = {"type": M.POSTGRES_TYPE, "uid": f"${{{P.VAR_SQL_DATASOURCE}}}"}
 
 _REF_IDS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 _LEGACY_TARGET_FIELDS = ("query", "target", "metric", "step", "intervalFactor")
 """grafanalib's pre-Grafana-7 target fields (``intervalFactor: 2`` would halve the resolution)."""
 
 
-def _template(var: Q.Variable) -> Any:
+def _template(var: M.Variable) -> Any:
     if var.kind == "datasource":
         return G.Template(
             name=var.name,
@@ -46,21 +47,21 @@ def _template(var: Q.Variable) -> Any:
         default="All" if var.include_all else None,
         includeAll=var.include_all,
         multi=var.multi,
-        allValue=Q.ALL_VALUE if var.include_all else None,
+        allValue=P.ALL_VALUE if var.include_all else None,
         refresh=REFRESH_ON_TIME_RANGE_CHANGE,
     )
 
 
-def _targets(panel: Q.Panel) -> list[Any]:
+def _targets(panel: M.Panel) -> list[Any]:
     out: list[Any] = []
     for i, q in enumerate(panel.queries):
-        fmt = {Q.TABLE: "table", Q.HEATMAP: "heatmap"}.get(q.kind, "time_series")
+        fmt = {M.TABLE: "table", M.HEATMAP: "heatmap"}.get(q.kind, "time_series")
         out.append(
             G.Target(
                 expr=q.expr,
                 legendFormat=q.legend,
                 refId=_REF_IDS[i],
-                instant=q.kind in (Q.STAT, Q.TABLE),
+                instant=q.kind in (M.STAT, M.TABLE),
                 format=fmt,
                 datasource=PROMETHEUS_REF,
             )
@@ -70,14 +71,14 @@ def _targets(panel: Q.Panel) -> list[Any]:
     return out
 
 
-def _overrides(panel: Q.Panel) -> list[dict[str, Any]]:
+def _overrides(panel: M.Panel) -> list[dict[str, Any]]:
     return [
         {"matcher": {"id": "byName", "options": name}, "properties": [{"id": "unit", "value": unit}]}
         for name, unit in panel.column_units
     ]
 
 
-def _field_defaults(panel: Q.Panel) -> dict[str, Any]:
+def _field_defaults(panel: M.Panel) -> dict[str, Any]:
     defaults: dict[str, Any] = {"unit": panel.unit}
     if panel.min is not None:
         defaults["min"] = panel.min
@@ -86,7 +87,7 @@ def _field_defaults(panel: Q.Panel) -> dict[str, Any]:
     return defaults
 
 
-def _panel(panel: Q.Panel, pos: Q.Placed, panel_id: int) -> Any:
+def _panel(panel: M.Panel, pos: M.Placed, panel_id: int) -> Any:
     common: dict[str, Any] = {
         "title": panel.title,
         "description": panel.description,
@@ -96,7 +97,7 @@ def _panel(panel: Q.Panel, pos: Q.Placed, panel_id: int) -> Any:
         "id": panel_id,
     }
     extra: dict[str, Any] = {"fieldConfig": {"defaults": _field_defaults(panel)}}
-    if panel.kind == Q.TIMESERIES:
+    if panel.kind == M.TIMESERIES:
         return G.TimeSeries(
             unit=panel.unit,
             legendDisplayMode="list",
@@ -105,9 +106,9 @@ def _panel(panel: Q.Panel, pos: Q.Placed, panel_id: int) -> Any:
             extraJson=extra,
             **common,
         )
-    if panel.kind == Q.STAT:
+    if panel.kind == M.STAT:
         return G.Stat(format=panel.unit, reduceCalc="lastNotNull", graphMode="none", extraJson=extra, **common)
-    if panel.kind == Q.TABLE:
+    if panel.kind == M.TABLE:
         transformations: list[Any] = []
         if not panel.sql:
             transformations = [
@@ -122,7 +123,7 @@ def _panel(panel: Q.Panel, pos: Q.Placed, panel_id: int) -> Any:
             extraJson=extra,
             **common,
         )
-    if panel.kind == Q.HEATMAP:
+    if panel.kind == M.HEATMAP:
         extra["options"] = {
             "calculate": False,
             "cellGap": 1,
@@ -132,19 +133,19 @@ def _panel(panel: Q.Panel, pos: Q.Placed, panel_id: int) -> Any:
             "tooltip": {"show": True, "yHistogram": True},
         }
         return G.Heatmap(dataFormat="tsbuckets", extraJson=extra, **common)
-    if panel.kind == Q.TEXT:
+    if panel.kind == M.TEXT:
         common.pop("targets")
         common.pop("dataSource")
         return G.Text(content=panel.content, mode="markdown", extraJson=extra, **common)
     raise ValueError(f"unknown panel kind {panel.kind!r} of {panel.title!r}")
 
 
-def build(spec: Q.DashboardSpec) -> Any:
+def build(spec: M.DashboardSpec) -> Any:
     """The grafanalib ``Dashboard`` of a spec (panel ids in layout order, from 1)."""
     panels: list[Any] = []
-    for panel_id, placed in enumerate(Q.layout(spec.panels), start=1):
+    for panel_id, placed in enumerate(M.layout(spec.panels), start=1):
         item = placed.item
-        if isinstance(item, Q.Row):
+        if isinstance(item, M.Row):
             panels.append(
                 G.RowPanel(
                     title=item.title,
@@ -182,7 +183,7 @@ def _fix_datasources(node: Any) -> None:
             _fix_datasources(item)
 
 
-def dashboard_dict(spec: Q.DashboardSpec) -> dict[str, Any]:
+def dashboard_dict(spec: M.DashboardSpec) -> dict[str, Any]:
     """The dashboard as JSON-ready data (post-processed grafanalib output)."""
     data: dict[str, Any] = json.loads(json.dumps(build(spec).to_json_data(), cls=DashboardEncoder))
     data["schemaVersion"] = SCHEMA_VERSION
@@ -206,6 +207,6 @@ def dashboard_dict(spec: Q.DashboardSpec) -> dict[str, Any]:
     return data
 
 
-def dashboard_json(spec: Q.DashboardSpec) -> str:
+def dashboard_json(spec: M.DashboardSpec) -> str:
     """Deterministic JSON text: sorted keys, two-space indent, trailing newline."""
     return json.dumps(dashboard_dict(spec), sort_keys=True, indent=2, ensure_ascii=False) + "\n"

@@ -11,7 +11,8 @@ import zlib
 
 from inferwatch.core import vocabulary as V
 from inferwatch.core.slo import SLOFile
-from inferwatch.dashboards import queries as Q
+from inferwatch.dashboards import model as M
+from inferwatch.dashboards.registry import dashboards
 
 CELL_W = 40
 """pixels per grid column (24 columns)."""
@@ -28,11 +29,11 @@ BACKGROUND: RGB = (24, 27, 31)
 BORDER: RGB = (110, 118, 129)
 TEXT: RGB = (230, 232, 235)
 FILL: dict[str, RGB] = {
-    Q.TIMESERIES: (36, 52, 75),
-    Q.STAT: (40, 70, 52),
-    Q.TABLE: (70, 58, 36),
-    Q.HEATMAP: (78, 42, 36),
-    Q.TEXT: (55, 55, 60),
+    M.TIMESERIES: (36, 52, 75),
+    M.STAT: (40, 70, 52),
+    M.TABLE: (70, 58, 36),
+    M.HEATMAP: (78, 42, 36),
+    M.TEXT: (55, 55, 60),
     "row": (48, 48, 56),
 }
 
@@ -149,15 +150,15 @@ def wrap(text: str, width: int) -> list[str]:
     return lines
 
 
-def _label(item: Q.Panel | Q.Row) -> str:
-    return item.title if isinstance(item, Q.Row) else f"{item.title} ({item.kind})"
+def _label(item: M.Panel | M.Row) -> str:
+    return item.title if isinstance(item, M.Row) else f"{item.title} ({item.kind})"
 
 
-def sketch_png(spec: Q.DashboardSpec) -> bytes:
+def sketch_png(spec: M.DashboardSpec) -> bytes:
     """A PNG of the dashboard's grid: one box per panel or row, with its title."""
-    placed = Q.layout(spec.panels)
+    placed = M.layout(spec.panels)
     rows = max((p.y + p.h for p in placed), default=0)
-    width = Q.GRID_WIDTH * CELL_W + 2 * MARGIN
+    width = M.GRID_WIDTH * CELL_W + 2 * MARGIN
     height = HEADER + rows * CELL_H + 2 * MARGIN
     canvas = Canvas(width, height)
     canvas.text(MARGIN, MARGIN, f"{spec.title}  ({spec.uid})")
@@ -165,7 +166,7 @@ def sketch_png(spec: Q.DashboardSpec) -> bytes:
         x0 = MARGIN + p.x * CELL_W
         y0 = HEADER + MARGIN + p.y * CELL_H
         x1, y1 = x0 + p.w * CELL_W - 2, y0 + p.h * CELL_H - 2
-        canvas.box(x0, y0, x1, y1, FILL.get(p.item.kind, FILL[Q.TIMESERIES]))
+        canvas.box(x0, y0, x1, y1, FILL.get(p.item.kind, FILL[M.TIMESERIES]))
         max_lines = max(1, (y1 - y0 - 6) // LINE_H)
         lines = wrap(_label(p.item), max(1, (x1 - x0 - 8) // CHAR_W))[:max_lines]
         for i, line in enumerate(lines):
@@ -175,4 +176,4 @@ def sketch_png(spec: Q.DashboardSpec) -> bytes:
 
 def sketches(spec: SLOFile | None, vocabulary: V.Vocabulary) -> dict[str, bytes]:
     """``{"<uid>.png": png bytes}`` for every dashboard (written to ``docs/dashboards/``)."""
-    return {f"{d.uid}.png": sketch_png(d) for d in Q.dashboards(spec, vocabulary)}
+    return {f"{d.uid}.png": sketch_png(d) for d in dashboards(spec, vocabulary)}

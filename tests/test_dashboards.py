@@ -14,8 +14,11 @@ import yaml
 
 from inferwatch.core import vocabulary as V
 from inferwatch.core.slo import SLOFile, alert_windows, load
-from inferwatch.dashboards import queries as Q
+from inferwatch.dashboards import model as M
+from inferwatch.dashboards import promql as P
+from inferwatch.dashboards.boards import requests, slos
 from inferwatch.dashboards.generate import DASHBOARDS_PROVIDER_FILE, DATASOURCES_FILE, generate
+from inferwatch.dashboards.registry import UIDS, all_queries, dashboards
 from inferwatch.dashboards.sketch import sketches, wrap
 from tests.conftest import ROOT, require_tool
 
@@ -110,15 +113,15 @@ def test_generation_is_deterministic(spec: SLOFile, files: dict[str, str]) -> No
 
 def test_without_slo_file_the_slo_dashboard_is_left_out(files: dict[str, str]) -> None:
     without = generate(None, V.Vocabulary())
-    assert f"{Q.UID_SLOS}.json" in files
-    assert f"{Q.UID_SLOS}.json" not in without
-    assert set(without) == set(files) - {f"{Q.UID_SLOS}.json"}
-    assert all(uid != Q.UID_SLOS for uid, _, _ in Q.all_queries(None, V.Vocabulary()))
+    assert f"{slos.UID}.json" in files
+    assert f"{slos.UID}.json" not in without
+    assert set(without) == set(files) - {f"{slos.UID}.json"}
+    assert all(uid != slos.UID for uid, _, _ in all_queries(None, V.Vocabulary()))
 
 
 def test_five_dashboards_with_stable_uids(boards: dict[str, dict[str, Any]]) -> None:
     uids = {b["uid"] for b in boards.values()}
-    assert uids == {Q.UID_FLEET, Q.UID_SLOS, Q.UID_ENGINE, Q.UID_KV_CACHE, Q.UID_REQUESTS}
+    assert uids == set(UIDS) and len(UIDS) == 5
     for path, board in boards.items():
         assert path == f"{board['uid']}.json"
         assert board["title"]
@@ -139,7 +142,7 @@ def test_grid_positions_do_not_overlap(boards: dict[str, dict[str, Any]]) -> Non
         taken: dict[tuple[int, int], str] = {}
         for panel in _panels(board):
             pos = panel["gridPos"]
-            assert pos["x"] >= 0 and pos["w"] > 0 and pos["h"] > 0 and pos["x"] + pos["w"] <= Q.GRID_WIDTH, panel
+            assert pos["x"] >= 0 and pos["w"] > 0 and pos["h"] > 0 and pos["x"] + pos["w"] <= M.GRID_WIDTH, panel
             for x in range(pos["x"], pos["x"] + pos["w"]):
                 for y in range(pos["y"], pos["y"] + pos["h"]):
                     assert (x, y) not in taken, f"{path}: {panel['title']!r} overlaps {taken[(x, y)]!r}"
@@ -182,7 +185,7 @@ def test_variables_reload_on_time_range_change(boards: dict[str, dict[str, Any]]
         for var in _variables(board).values():
             if var["type"] == "query":
                 assert var["refresh"] == 2, var["name"]
-                assert var["allValue"] == Q.ALL_VALUE
+                assert var["allValue"] == P.ALL_VALUE
 
 
 def test_units_and_descriptions(boards: dict[str, dict[str, Any]]) -> None:
@@ -197,7 +200,7 @@ def test_units_and_descriptions(boards: dict[str, dict[str, Any]]) -> None:
 
 
 def test_descriptions_carry_the_help_texts(spec: SLOFile) -> None:
-    for board in Q.dashboards(spec, V.Vocabulary()):
+    for board in dashboards(spec, V.Vocabulary()):
         for panel in board.all_panels():
             for metric in {m for q in panel.queries for m in q.metrics}:
                 assert metric.help in panel.description, (board.uid, panel.title, metric.key)
@@ -214,7 +217,7 @@ def test_rate_interval_in_every_rate(boards: dict[str, dict[str, Any]]) -> None:
 
 def test_counters_only_inside_rate(spec: SLOFile) -> None:
     """target-counter-agg-rule: a counter is never read raw."""
-    for uid, title, query in Q.all_queries(spec, V.Vocabulary()):
+    for uid, title, query in all_queries(spec, V.Vocabulary()):
         for metric in query.metrics:
             if metric.kind is V.Kind.COUNTER or metric.kind is V.Kind.HISTOGRAM:
                 for m in re.finditer(re.escape(metric.name), query.expr):
@@ -230,19 +233,19 @@ def test_no_raw_engine_metric_names(files: dict[str, str]) -> None:
 
 def test_query_metrics_are_the_names_in_the_expression(spec: SLOFile) -> None:
     known = {m.name: m for m in V.ALL_METRICS}
-    for uid, title, query in Q.all_queries(spec, V.Vocabulary()):
+    for uid, title, query in all_queries(spec, V.Vocabulary()):
         names = {n for n in CANONICAL_NAME.findall(query.expr)}
         names = {n if n in known else n + "_total" if n + "_total" in known else n for n in names}
         assert names <= set(known), (uid, title, names - set(known))
         assert {known[n] for n in names} == set(query.metrics), (uid, title, query.expr)
-        if uid == Q.UID_SLOS:
+        if uid == slos.UID:
             assert not query.metrics
         if query.per_engine:
             assert re.search(rf"by \([^)]*\b{V.LABEL_ENGINE}\b", query.expr), (uid, title, query.expr)
 
 
 def test_percentiles_use_canonical_buckets(spec: SLOFile) -> None:
-    for uid, title, query in Q.all_queries(spec, V.Vocabulary()):
+    for uid, title, query in all_queries(spec, V.Vocabulary()):
         if "histogram_quantile" in query.expr:
             assert "sum by (le, engine, model" in query.expr, (uid, title)
             assert all(m.kind is V.Kind.HISTOGRAM for m in query.metrics)
@@ -250,7 +253,7 @@ def test_percentiles_use_canonical_buckets(spec: SLOFile) -> None:
 
 
 def test_slo_dashboard_covers_every_slo(spec: SLOFile) -> None:
-    board = next(d for d in Q.dashboards(spec, V.Vocabulary()) if d.uid == Q.UID_SLOS)
+    board = next(d for d in dashboards(spec, V.Vocabulary()) if d.uid == slos.UID)
     exprs = [q.expr for p in board.all_panels() for q in p.queries]
     for slo in spec.slos:
         mine = [e for e in exprs if f'{V.SLO_LABEL}="{slo.name}"' in e]
@@ -265,7 +268,7 @@ def test_slo_dashboard_covers_every_slo(spec: SLOFile) -> None:
 def test_requests_dashboard_reads_the_collector_table(boards: dict[str, dict[str, Any]]) -> None:
     from inferwatch.collector.models import REQUEST_TABLE, TABLE_NAME
 
-    board = boards[f"{Q.UID_REQUESTS}.json"]
+    board = boards[f"{requests.UID}.json"]
     sql = [t["rawSql"] for p in _data_panels(board) for t in p.get("targets", []) if t.get("rawSql")]
     assert sql and all(f"FROM {TABLE_NAME}" in s for s in sql)
     assert any("percentile_disc(0.99) WITHIN GROUP" in s for s in sql)
@@ -281,9 +284,9 @@ def test_requests_dashboard_reads_the_collector_table(boards: dict[str, dict[str
 def test_provisioning_files(files: dict[str, str], boards: dict[str, dict[str, Any]]) -> None:
     ds = yaml.safe_load(files[DATASOURCES_FILE])
     by_type = {d["type"]: d for d in ds["datasources"]}
-    assert by_type[Q.PROMETHEUS_TYPE]["url"] == "http://prometheus:9090"
-    assert by_type[Q.PROMETHEUS_TYPE]["uid"] == Q.PROMETHEUS_UID
-    assert by_type[Q.POSTGRES_TYPE]["uid"] == Q.POSTGRES_UID
+    assert by_type[M.PROMETHEUS_TYPE]["url"] == "http://prometheus:9090"
+    assert by_type[M.PROMETHEUS_TYPE]["uid"] == M.PROMETHEUS_UID
+    assert by_type[M.POSTGRES_TYPE]["uid"] == M.POSTGRES_UID
     for board in boards.values():
         for var in _variables(board).values():
             if var["type"] == "datasource":
@@ -293,8 +296,8 @@ def test_provisioning_files(files: dict[str, str], boards: dict[str, dict[str, A
 
 
 def test_layout_wraps_and_rows_start_lines() -> None:
-    p = Q.Panel("a", "d", "s", (), Q.TIMESERIES, 16, 4)
-    placed = Q.layout([Q.Row("r"), p, p, Q.Row("s"), p])
+    p = M.Panel("a", "d", "s", (), M.TIMESERIES, 16, 4)
+    placed = M.layout([M.Row("r"), p, p, M.Row("s"), p])
     assert [(x.x, x.y) for x in placed] == [(0, 0), (0, 1), (0, 5), (0, 9), (0, 10)]
 
 
@@ -311,7 +314,7 @@ def _promtool_expr(expr: str) -> str:
 
 def test_every_expression_parses_in_promtool(spec: SLOFile, boards: dict[str, dict[str, Any]], tmp_path: Path) -> None:
     promtool = require_tool("promtool")
-    exprs: list[str] = [q.expr for _, _, q in Q.all_queries(spec, V.Vocabulary())]
+    exprs: list[str] = [q.expr for _, _, q in all_queries(spec, V.Vocabulary())]
     exprs += [t["expr"] for b in boards.values() for _, t in _prom_targets(b)]
     exprs += [
         v["query"].removeprefix("label_values(").rsplit(",", 1)[0]

@@ -232,7 +232,7 @@ def test_default_slo_rules_produce_values(stack: Stack) -> None:
 
 
 def test_every_dashboard_query_returns_series(stack: Stack) -> None:
-    from inferwatch.dashboards.queries import all_queries
+    from inferwatch.dashboards.registry import all_queries
 
     spec = parse_slos((ROOT / "alerts" / "slos.yaml").read_text(), "slos.yaml", V.Vocabulary())
     wait_for_slo_series(stack)

@@ -1,0 +1,1 @@
+"""One module per dashboard, each mostly data; :mod:`inferwatch.dashboards.registry` lists them."""

@@ -1,0 +1,120 @@
+"""PromQL building blocks and template variables of the dashboards.
+
+Every metric name comes from :mod:`inferwatch.core.vocabulary`; every query reads canonical series
+only, so one dashboard serves vLLM, TGI, TensorRT-LLM and Triton alike. Conventions:
+
+* template variables ``$engine``, ``$model``, ``$instance`` are regex matchers (``engine=~"$engine"``)
+  whose "All" value is ``.*``;
+* rates use ``[$__rate_interval]`` (``[$__range]`` only for a single value over the whole time range);
+* percentiles are ``histogram_quantile`` over the canonical buckets, summed ``by (le, engine, model)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from inferwatch.core import vocabulary as V
+from inferwatch.dashboards.model import PROMETHEUS_TYPE, PROMETHEUS_UID, Query, Variable
+
+# template variables
+VAR_DATASOURCE = "datasource"
+VAR_SQL_DATASOURCE = "sqldatasource"
+VAR_ENGINE = "engine"
+VAR_MODEL = "model"
+VAR_INSTANCE = "instance"
+INSTANCE_LABEL = "instance"
+ALL_VALUE = ".*"
+
+RATE_INTERVAL = "$__rate_interval"
+RANGE = "$__range"
+QUANTILES = (0.5, 0.9, 0.99)
+
+EM = (V.LABEL_ENGINE, V.LABEL_MODEL)
+EMI = (V.LABEL_ENGINE, V.LABEL_MODEL, INSTANCE_LABEL)
+
+
+def selector(
+    *, engine: bool = True, model: bool = True, instance: bool = True, matchers: Mapping[str, str] | None = None
+) -> str:
+    """``{engine=~"$engine", model=~"$model", instance=~"$instance"}`` plus exact matchers."""
+    parts = []
+    if engine:
+        parts.append(f'{V.LABEL_ENGINE}=~"${VAR_ENGINE}"')
+    if model:
+        parts.append(f'{V.LABEL_MODEL}=~"${VAR_MODEL}"')
+    if instance:
+        parts.append(f'{INSTANCE_LABEL}=~"${VAR_INSTANCE}"')
+    parts += [f'{k}="{v}"' for k, v in (matchers or {}).items()]
+    return "{" + ", ".join(parts) + "}"
+
+
+def label_list(labels: Iterable[str]) -> str:
+    """The labels of a ``by (...)`` clause."""
+    return ", ".join(labels)
+
+
+def legend_format(labels: Iterable[str], suffix: str = "") -> str:
+    """``{{engine}} {{model}} suffix``."""
+    text = " ".join("{{" + label + "}}" for label in labels)
+    return f"{text} {suffix}".strip()
+
+
+def rate(metric: V.MetricSpec, suffix: str = "", window: str = RATE_INTERVAL, **extra: str) -> str:
+    return f"rate({metric.name}{suffix}{selector(matchers=extra)}[{window}])"
+
+
+def sum_rate(metric: V.MetricSpec, by: tuple[str, ...] = EM, **extra: str) -> str:
+    return f"sum by ({label_list(by)}) ({rate(metric, **extra)})"
+
+
+def quantile(metric: V.MetricSpec, q: float, by: tuple[str, ...] = EM, window: str = RATE_INTERVAL) -> str:
+    inner = f"increase({metric.name}_bucket{selector()}[{window}])" if window == RANGE else rate(metric, "_bucket")
+    return f"histogram_quantile({q}, sum by ({label_list(('le', *by))}) ({inner}))"
+
+
+def percentile_queries(
+    metric: V.MetricSpec, quantiles: Iterable[float] = QUANTILES, name: str = "", by: tuple[str, ...] = EM
+) -> tuple[Query, ...]:
+    return tuple(
+        Query(quantile(metric, q, by), legend_format(by, f"{name} p{round(q * 100)}".strip()), (metric,), True)
+        for q in quantiles
+    )
+
+
+def gauge(metric: V.MetricSpec, agg: str = "sum", by: tuple[str, ...] = EM) -> str:
+    return f"{agg} by ({label_list(by)}) ({metric.name}{selector()})"
+
+
+def describe(what: str, *metrics: V.MetricSpec) -> str:
+    """A panel description: what it shows, then the help text of every canonical metric it reads."""
+    parts = [what.rstrip(".") + "."]
+    parts += [f"{m.name}: {m.help}" for m in metrics]
+    return " ".join(parts)
+
+
+def datasource_variable() -> Variable:
+    """The Prometheus datasource picker."""
+    return Variable(VAR_DATASOURCE, "Prometheus", "datasource", PROMETHEUS_TYPE, PROMETHEUS_UID, False, False)
+
+
+def prom_variables(*, instance: bool = True) -> tuple[Variable, ...]:
+    """The datasource, then ``$engine``, ``$model`` (and ``$instance``), each narrowed by the ones before."""
+    base = V.REQUESTS_RUNNING.name
+    out = [
+        datasource_variable(),
+        Variable(VAR_ENGINE, "Engine", "query", f"label_values({base}, {V.LABEL_ENGINE})"),
+        Variable(
+            VAR_MODEL, "Model", "query", f'label_values({base}{{{V.LABEL_ENGINE}=~"${VAR_ENGINE}"}}, {V.LABEL_MODEL})'
+        ),
+    ]
+    if instance:
+        out.append(
+            Variable(
+                VAR_INSTANCE,
+                "Instance",
+                "query",
+                f'label_values({base}{{{V.LABEL_ENGINE}=~"${VAR_ENGINE}", {V.LABEL_MODEL}=~"${VAR_MODEL}"}}, '
+                f"{INSTANCE_LABEL})",
+            )
+        )
+    return tuple(out)

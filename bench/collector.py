@@ -35,8 +35,9 @@ from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Sp
 from sqlalchemy import insert, text
 
 from inferwatch.collector import db
-from inferwatch.collector.api import compute_stats, requests_table
+from inferwatch.collector.models import REQUEST_TABLE
 from inferwatch.collector.sources import map_export
+from inferwatch.collector.store import compute_stats
 from inferwatch.collector.writer import record_to_dict
 from inferwatch.core import vocabulary as V
 from inferwatch.demo import free_ports
@@ -107,7 +108,7 @@ def direct_limit(url: str, bodies: list[bytes], batch: int) -> float:
             rows.append(d)
     engine = db.make_engine(url)
     db.ensure_schema(engine)
-    table = requests_table()
+    table = REQUEST_TABLE
     cols = set(table.c.keys())
     rows = [{k: v for k, v in r.items() if k in cols} for r in rows]
     t = time.perf_counter()
@@ -206,7 +207,7 @@ def stats_scaling(tmp: Path, sizes: list[int]) -> list[tuple[int, float]]:
     """Seconds of compute_stats (4 fields x 4 exact percentiles, goodput) over ``size`` rows."""
     engine = db.make_engine(db.default_url(tmp))
     db.ensure_schema(engine)
-    table = requests_table()
+    table = REQUEST_TABLE
     rng = random.Random(1)
     now = datetime.now(UTC)
     out = []
@@ -241,7 +242,9 @@ def stats_scaling(tmp: Path, sizes: list[int]) -> list[tuple[int, float]]:
         with engine.connect() as conn:
             conn.execute(text("ANALYZE"))
         t = time.perf_counter()
-        compute_stats(engine, timedelta(hours=1), "none", {"time_to_first_token": 0.5, "request_duration": 2.0})
+        compute_stats(
+            engine=engine, window=timedelta(hours=1), slos={"time_to_first_token": 0.5, "request_duration": 2.0}
+        )
         out.append((size, time.perf_counter() - t))
     return out
 

@@ -1,9 +1,12 @@
-"""The collector's request store: one row of ``TABLE_NAME`` per :class:`~inferwatch.collector.record.RequestRecord`.
+"""The collector's request store: the table ``TABLE_NAME``, one row per
+:class:`~inferwatch.collector.record.RequestRecord`.
 
-Column names are the record's field names; the timing and token columns are spelled through the
-vocabulary constants of :mod:`inferwatch.collector.record`. The schema is created and evolved only by the
-Alembic migrations in the repository's ``migrations/`` directory (``collector.db.ensure_schema``);
-``tests/test_collector_storage.py`` checks that these models and the migrations agree.
+A SQLAlchemy Core :class:`~sqlalchemy.Table`, no ORM: column names (and Core keys) are the record's
+field names, the timing and token columns spelled through :mod:`inferwatch.core.schema`, so a
+record's ``__dict__`` is its row and a row's mapping is a record plus ``id`` and ``received_at``.
+The schema is created and evolved only by the Alembic migrations (``collector.db.ensure_schema``);
+``migrations/env.py`` compares against :data:`METADATA`, and ``tests/test_collector_storage.py``
+checks that this table and the migrations agree.
 
 Times are stored in UTC: ``start_time``, ``end_time`` and ``received_at`` always come back as
 timezone-aware UTC datetimes, on SQLite (which has no time zone type) as on PostgreSQL.
@@ -12,12 +15,13 @@ timezone-aware UTC datetimes, on SQLite (which has no time zone type) as on Post
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any, Final, cast
+from typing import Final
 
 from sqlalchemy import (
     JSON,
     BigInteger,
     Boolean,
+    Column,
     DateTime,
     Dialect,
     Double,
@@ -29,12 +33,10 @@ from sqlalchemy import (
     Text,
     TypeDecorator,
     UniqueConstraint,
-    inspect,
 )
 from sqlalchemy.dialects.postgresql import JSONB
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from inferwatch.collector.record import (
+from inferwatch.core.schema import (
     CACHED_TOKENS,
     DECODE,
     E2E,
@@ -44,11 +46,12 @@ from inferwatch.collector.record import (
     QUEUE,
     TPOT,
     TTFT,
-    RequestRecord,
 )
-from inferwatch.core import schema
+from inferwatch.core.schema import (
+    REQUEST_TABLE as TABLE_NAME,
+)
 
-TABLE_NAME: Final = schema.REQUEST_TABLE
+__all__ = ["ID_TYPE", "JSON_TYPE", "METADATA", "NAMING_CONVENTION", "REQUEST_TABLE", "TABLE_NAME", "UTCDateTime"]
 
 NAMING_CONVENTION: Final[dict[str, str]] = {
     "ix": "ix_%(column_0_label)s",
@@ -90,84 +93,46 @@ class UTCDateTime(TypeDecorator[datetime]):
 ID_TYPE: Final = BigInteger().with_variant(Integer(), "sqlite")
 JSON_TYPE: Final = JSON().with_variant(JSONB(), "postgresql")
 
+METADATA: Final = MetaData(naming_convention=NAMING_CONVENTION)
+"""The store's metadata (its naming convention names every constraint and index)."""
 
-class Base(DeclarativeBase):
-    """Declarative base of the collector's store, with its own metadata and naming convention."""
-
-    metadata = MetaData(naming_convention=NAMING_CONVENTION)
-
-
-class LlmRequest(Base):
-    """One finished LLM request (one sequence), as stored.
-
-    Attribute names are short (``ttft``, ``e2e``…); the column names are the
-    :class:`~inferwatch.collector.record.RequestRecord` field names. :data:`FIELD_TO_ATTR` maps one to the
-    other and :meth:`to_record` turns a row back into a record.
-    """
-
-    __tablename__ = TABLE_NAME
-
-    id: Mapped[int] = mapped_column(ID_TYPE, primary_key=True, autoincrement=True)
-    trace_id: Mapped[str] = mapped_column(String(32))
-    span_id: Mapped[str] = mapped_column(String(16))
-    request_id: Mapped[str | None] = mapped_column(String)
-    engine: Mapped[str] = mapped_column(String)
-    model: Mapped[str | None] = mapped_column(String)
-    instance: Mapped[str | None] = mapped_column(String)
-    service: Mapped[str | None] = mapped_column(String)
-    start_time: Mapped[datetime] = mapped_column(UTCDateTime)
-    end_time: Mapped[datetime] = mapped_column(UTCDateTime)
-    ttft: Mapped[float | None] = mapped_column(TTFT, Double, key=TTFT)
-    ttft_derived: Mapped[bool] = mapped_column(Boolean)
-    tpot: Mapped[float | None] = mapped_column(TPOT, Double, key=TPOT)
-    e2e: Mapped[float | None] = mapped_column(E2E, Double, key=E2E)
-    queue: Mapped[float | None] = mapped_column(QUEUE, Double, key=QUEUE)
-    prefill: Mapped[float | None] = mapped_column(PREFILL, Double, key=PREFILL)
-    decode: Mapped[float | None] = mapped_column(DECODE, Double, key=DECODE)
-    prompt_tokens: Mapped[int | None] = mapped_column(PROMPT_TOKENS, BigInteger, key=PROMPT_TOKENS)
-    generation_tokens: Mapped[int | None] = mapped_column(GENERATION_TOKENS, BigInteger, key=GENERATION_TOKENS)
-    cached_tokens: Mapped[int | None] = mapped_column(CACHED_TOKENS, BigInteger, key=CACHED_TOKENS)
-    finish_reason: Mapped[str | None] = mapped_column(String)
-    error: Mapped[str | None] = mapped_column(Text)
-    n: Mapped[int | None] = mapped_column(Integer)
-    max_tokens: Mapped[int | None] = mapped_column(BigInteger)
-    temperature: Mapped[float | None] = mapped_column(Double)
-    lora_adapter: Mapped[str | None] = mapped_column(String)
-    attributes: Mapped[dict[str, Any]] = mapped_column(JSON_TYPE)
-    received_at: Mapped[datetime] = mapped_column(UTCDateTime)
-    """when the collector wrote the row (UTC)."""
-
-    __table_args__ = (
-        UniqueConstraint("trace_id", "span_id"),
-        Index(f"ix_{TABLE_NAME}_start_time", "start_time"),
-        Index(f"ix_{TABLE_NAME}_engine_model_start_time", "engine", "model", "start_time"),
-        Index(f"ix_{TABLE_NAME}_request_id", "request_id"),
-        # Covering indexes for the exact percentiles of /api/v1/stats (ordered by the latency, filtered
-        # by time, grouped by engine/model without touching the table) and for sorting the request list.
-        *(
-            Index(f"ix_{TABLE_NAME}_{col}_stats", col, "start_time", "engine", "model")
-            for col in (TTFT, TPOT, E2E, QUEUE)
-        ),
-    )
-
-    def to_record(self) -> RequestRecord:
-        """The stored request as a :class:`RequestRecord` (``id`` and ``received_at`` dropped)."""
-        return RequestRecord(**{name: getattr(self, attr) for name, attr in FIELD_TO_ATTR.items()})
-
-
-REQUEST_TABLE: Final = cast(Table, LlmRequest.__table__)
-"""The Core table of :class:`LlmRequest` (column keys = column names = RequestRecord field names)."""
-
-
-def _field_to_attr() -> dict[str, str]:
-    """RequestRecord field name (= column name) -> mapped attribute name, for every record field."""
-    mapping: dict[str, str] = {}
-    for prop in inspect(LlmRequest).column_attrs:
-        name = prop.columns[0].name
-        if name not in ("id", "received_at"):
-            mapping[name] = prop.key
-    return mapping
-
-
-FIELD_TO_ATTR: Final[dict[str, str]] = _field_to_attr()
-"""RequestRecord field name (the column name) -> :class:`LlmRequest` attribute name."""
+REQUEST_TABLE: Final = Table(
+    TABLE_NAME,
+    METADATA,
+    Column("id", ID_TYPE, primary_key=True, autoincrement=True),
+    Column("trace_id", String(32), nullable=False),
+    Column("span_id", String(16), nullable=False),
+    Column("request_id", String),
+    Column("engine", String, nullable=False),
+    Column("model", String),
+    Column("instance", String),
+    Column("service", String),
+    Column("start_time", UTCDateTime, nullable=False),
+    Column("end_time", UTCDateTime, nullable=False),
+    Column(TTFT, Double),
+    Column("ttft_derived", Boolean, nullable=False),
+    Column(TPOT, Double),
+    Column(E2E, Double),
+    Column(QUEUE, Double),
+    Column(PREFILL, Double),
+    Column(DECODE, Double),
+    Column(PROMPT_TOKENS, BigInteger),
+    Column(GENERATION_TOKENS, BigInteger),
+    Column(CACHED_TOKENS, BigInteger),
+    Column("finish_reason", String),
+    Column("error", Text),
+    Column("n", Integer),
+    Column("max_tokens", BigInteger),
+    Column("temperature", Double),
+    Column("lora_adapter", String),
+    Column("attributes", JSON_TYPE, nullable=False),
+    Column("received_at", UTCDateTime, nullable=False),
+    UniqueConstraint("trace_id", "span_id"),
+    Index(f"ix_{TABLE_NAME}_start_time", "start_time"),
+    Index(f"ix_{TABLE_NAME}_engine_model_start_time", "engine", "model", "start_time"),
+    Index(f"ix_{TABLE_NAME}_request_id", "request_id"),
+    # Covering indexes for the exact percentiles of /api/v1/stats (ordered by the latency, filtered
+    # by time, grouped by engine/model without touching the table) and for sorting the request list.
+    *(Index(f"ix_{TABLE_NAME}_{col}_stats", col, "start_time", "engine", "model") for col in (TTFT, TPOT, E2E, QUEUE)),
+)
+"""One finished LLM request (one sequence) per row; ``received_at``: when the collector wrote it (UTC)."""

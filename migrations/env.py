@@ -1,6 +1,7 @@
 """Alembic environment of the collector's request store.
 
-Configured from code (``collector.db.alembic_config``), not from an ini file. The database comes,
+Configured from code (``inferwatch.collector.db.alembic_config``), not from an ini file; the target
+metadata is the store's Core table (``inferwatch.collector.models.METADATA``). The database comes,
 in this order, from ``config.attributes["connection"]`` (run inside the caller's transaction),
 ``config.attributes["engine"]``, or the ``sqlalchemy.url`` option.
 """
@@ -10,13 +11,13 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import Connection, Engine, create_engine, pool
 
-from inferwatch.collector.models import Base
+from inferwatch.collector.models import METADATA
 
 
 def run_with(connection: Connection) -> None:
     context.configure(
         connection=connection,
-        target_metadata=Base.metadata,
+        target_metadata=METADATA,
         render_as_batch=connection.dialect.name == "sqlite",
         compare_type=True,
     )
@@ -28,7 +29,7 @@ def run_offline(url: str) -> None:
     """``--sql`` mode: emit the DDL instead of running it."""
     context.configure(
         url=url,
-        target_metadata=Base.metadata,
+        target_metadata=METADATA,
         literal_binds=True,
         dialect_opts={"paramstyle": "named"},
         render_as_batch=url.startswith("sqlite"),

@@ -1,0 +1,64 @@
+"""Dependencies of the collector's routes: the collector of the app, its engine, and the bearer-token scopes."""
+
+from __future__ import annotations
+
+import secrets
+from typing import Annotated, Any, Final, Literal
+
+from fastapi import Depends, HTTPException, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from sqlalchemy import Engine
+
+from inferwatch.collector.schemas import ErrorBody
+from inferwatch.collector.service import Collector
+
+Scope = Literal["ingest", "read"]
+
+
+def get_collector(request: Request) -> Collector:
+    collector: Collector = request.app.state.collector
+    return collector
+
+
+CollectorDep = Annotated[Collector, Depends(get_collector)]
+
+
+def get_engine(collector: CollectorDep) -> Engine:
+    return collector.engine
+
+
+EngineDep = Annotated[Engine, Depends(get_engine)]
+
+Bearer = Annotated[
+    HTTPAuthorizationCredentials | None,
+    Depends(HTTPBearer(auto_error=False, description="A token of the scope (none needed when none configured).")),
+]
+
+
+def check_token(collector: Collector, creds: HTTPAuthorizationCredentials | None, scope: Scope) -> None:
+    """401 unless the bearer token is one of the scope's tokens (any request passes when it has none)."""
+    settings = collector.settings
+    tokens = settings.ingest_tokens if scope == "ingest" else settings.read_tokens
+    if not tokens:
+        return
+    given = creds.credentials if creds is not None else ""
+    if not any(secrets.compare_digest(given, t) for t in tokens):
+        raise HTTPException(
+            status_code=401,
+            detail=f"a bearer token with the {scope} scope is required",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+
+
+def require_ingest(collector: CollectorDep, creds: Bearer) -> None:
+    check_token(collector, creds, "ingest")
+
+
+def require_read(collector: CollectorDep, creds: Bearer) -> None:
+    check_token(collector, creds, "read")
+
+
+READ_RESPONSES: Final[dict[int | str, dict[str, Any]]] = {
+    401: {"model": ErrorBody, "description": "No bearer token of the read scope"},
+}
+"""What :func:`require_read` may answer, for the routers that depend on it."""

@@ -1,0 +1,202 @@
+"""Response bodies of the collector's HTTP API, as pydantic models: ``/openapi.json`` documents each one.
+
+Field names are the store's column names (:mod:`inferwatch.core.schema`): a request row in the API
+is the table row. Times are ISO 8601 with an explicit UTC offset (``2024-05-01T12:00:00+00:00``).
+The OTLP models describe the JSON encoding of ``/v1/traces`` answers; the endpoint writes them with
+protobuf's own encoder (or as protobuf), not through these models.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, WithJsonSchema
+
+
+def _iso(value: datetime) -> str:
+    return (value if value.tzinfo else value.replace(tzinfo=UTC)).isoformat()
+
+
+IsoDateTime = Annotated[
+    datetime,
+    PlainSerializer(_iso, return_type=str, when_used="json"),
+    WithJsonSchema({"type": "string", "format": "date-time"}, mode="serialization"),
+]
+"""A UTC time, in JSON as ``datetime.isoformat()`` (``+00:00``, not ``Z``)."""
+
+GroupBy = Literal["none", "engine", "model", "instance"]
+
+
+class Schema(BaseModel):
+    """Base of the response models: attribute docstrings become the documented descriptions."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
+
+# --- errors and health -----------------------------------------------------------------------------------------------
+
+
+class ErrorBody(Schema):
+    """FastAPI's error body (401, 400, 404 of the JSON API)."""
+
+    detail: str
+
+
+class Health(Schema):
+    status: Literal["ok"] = "ok"
+
+
+class Readiness(Schema):
+    """200 when the database answers and its schema is at the migrations' head, else 503."""
+
+    database: str
+    """``ok``, or what is wrong (the error, or ``migrations not at head``)."""
+    queue_depth: int
+    """records accepted and not yet taken by the writer."""
+
+
+# --- OTLP (documentation of the JSON encoding) -----------------------------------------------------------------------
+
+
+class OtlpPartialSuccess(Schema):
+    rejected_spans: str = Field(alias="rejectedSpans")
+    """int64, as protobuf's JSON mapping writes it: a decimal string."""
+    error_message: str = Field(alias="errorMessage")
+    """the distinct reasons, ``; ``-separated."""
+
+
+class OtlpExportResponse(Schema):
+    """``ExportTraceServiceResponse``; ``{}`` when every span was accepted."""
+
+    partial_success: OtlpPartialSuccess | None = Field(None, alias="partialSuccess")
+
+
+class RpcStatus(Schema):
+    """``google.rpc.Status``: the body of an OTLP/HTTP error."""
+
+    code: int
+    """gRPC status code (3 INVALID_ARGUMENT, 8 RESOURCE_EXHAUSTED, 14 UNAVAILABLE...)."""
+    message: str
+
+
+# --- requests --------------------------------------------------------------------------------------------------------
+
+
+class RequestRow(Schema):
+    """One stored request: the row of the request table, column for column."""
+
+    id: int
+    trace_id: str
+    span_id: str
+    request_id: str | None
+    engine: str
+    model: str | None
+    instance: str | None
+    service: str | None
+    start_time: IsoDateTime
+    end_time: IsoDateTime
+    time_to_first_token: float | None
+    """seconds."""
+    ttft_derived: bool
+    """True when TTFT was reconstructed (TGI)."""
+    time_per_output_token: float | None
+    request_duration: float | None
+    """end-to-end seconds."""
+    request_queue: float | None
+    request_prefill: float | None
+    request_decode: float | None
+    prompt_tokens: int | None
+    generation_tokens: int | None
+    prefix_cache_hit_tokens: int | None
+    finish_reason: str | None
+    error: str | None
+    n: int | None
+    max_tokens: int | None
+    temperature: float | None
+    lora_adapter: str | None
+    attributes: dict[str, Any]
+    """span attributes not mapped to a column."""
+    received_at: IsoDateTime
+
+
+class RequestPage(Schema):
+    data: list[RequestRow]
+    count: int
+    """requests matching the filters (all pages)."""
+    next_cursor: str | None
+    """pass as ``cursor`` for the next page; null on the last."""
+
+
+class Phase(Schema):
+    seconds: float | None
+    share: float | None
+    """of the end-to-end time."""
+
+
+class Phases(Schema):
+    queue: Phase
+    prefill: Phase
+    decode: Phase
+    other: Phase
+    """end-to-end time not in the three phases."""
+
+
+class RequestDetail(RequestRow):
+    """One stored request with its phase breakdown."""
+
+    phases: Phases
+
+
+class RequestDetails(Schema):
+    """Several rows answer the id (the samples of an ``n>1`` request share its request id)."""
+
+    data: list[RequestDetail]
+    count: int
+
+
+# --- stats -----------------------------------------------------------------------------------------------------------
+
+
+class FieldStats(Schema):
+    """Exact nearest-rank percentiles of one column (null when no row has a value)."""
+
+    count: int
+    """rows with a value."""
+    p50: float | None
+    p90: float | None
+    p95: float | None
+    p99: float | None
+
+
+class Goodput(Schema):
+    slos: dict[str, float]
+    """the SLOs given, by column name."""
+    good_requests: int
+    share: float | None
+    rate_per_second: float
+
+
+class StatsGroup(Schema):
+    """One group; its key (``engine``, ``model`` or ``instance``) only with ``group_by``, ``goodput`` only
+    with an SLO."""
+
+    requests: int
+    failed: int
+    prompt_tokens: int
+    generation_tokens: int
+    engine: str | None = None
+    model: str | None = None
+    instance: str | None = None
+    time_to_first_token: FieldStats
+    time_per_output_token: FieldStats
+    request_duration: FieldStats
+    request_queue: FieldStats
+    goodput: Goodput | None = None
+
+
+class Stats(Schema):
+    window_seconds: float
+    since: IsoDateTime
+    group_by: GroupBy
+    data: list[StatsGroup]

@@ -1,0 +1,72 @@
+"""What one collector process holds, built from its settings: engine, writer, self-metrics, ingestor,
+and the OTLP/gRPC server once started.
+
+The HTTP app (:mod:`inferwatch.collector.app`) and the gRPC server
+(:mod:`inferwatch.collector.grpc_server`) both hang off a :class:`Collector`; neither imports the other.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Engine
+
+from inferwatch.collector import db
+from inferwatch.collector.config import CollectorSettings
+from inferwatch.collector.grpc_server import start_grpc_server
+from inferwatch.collector.ingest import CollectorMetrics, Ingestor
+from inferwatch.collector.writer import Writer
+
+WRITER_STOP_TIMEOUT_S = 10.0
+GRPC_GRACE_S = 2.0
+
+
+@dataclass
+class Collector:
+    """One collector; reachable from a request as ``request.app.state.collector`` (see :mod:`.deps`)."""
+
+    settings: CollectorSettings
+    engine: Engine
+    writer: Writer
+    metrics: CollectorMetrics
+    ingestor: Ingestor
+    owns_engine: bool = False
+    """True when :func:`build` made the engine (then :meth:`stop` disposes it)."""
+    grpc_server: Any = None
+
+    def start(self, *, grpc: bool = True) -> None:
+        """Start the writer thread and, with ``grpc`` and ``settings.grpc_listen``, the OTLP/gRPC server."""
+        self.writer.start()
+        if grpc and self.settings.grpc_listen:
+            try:
+                self.grpc_server = start_grpc_server(self.settings, self.ingestor)
+            except BaseException:
+                self.stop()
+                raise
+
+    def stop(self) -> None:
+        """Stop receiving (gRPC), write out what is queued, release the engine if it is ours. Blocking."""
+        if self.grpc_server is not None:
+            self.grpc_server.stop(grace=GRPC_GRACE_S).wait()
+            self.grpc_server = None
+        self.writer.stop(WRITER_STOP_TIMEOUT_S)
+        if self.owns_engine:  # a caller's engine stays the caller's
+            self.engine.dispose()
+
+
+def build(settings: CollectorSettings, engine: Engine | None = None) -> Collector:
+    """A collector for ``settings``, its schema migrated to head; ``engine`` may be passed in (tests)."""
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    owns_engine = engine is None
+    engine = engine or db.make_engine(settings.url())
+    db.ensure_schema(engine)
+    writer = Writer(
+        engine,
+        spool_path=settings.spool_path(),
+        queue_limit=settings.queue_limit,
+        batch_size=settings.batch_size,
+        retention=settings.retention_delta(),
+    )
+    metrics = CollectorMetrics()
+    return Collector(settings, engine, writer, metrics, Ingestor(writer, metrics), owns_engine=owns_engine)

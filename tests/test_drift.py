@@ -57,8 +57,12 @@ def raw_names(adapter: EngineAdapter) -> set[str]:
 
 
 def allowed(path: Path, engine: str) -> bool:
+    """The engine's module (``engines/<engine>.py``) or a file of its package (``engines/<engine>/metrics.py``)."""
     parts = path.relative_to(ROOT).parts
-    return path.stem == engine and len(parts) >= 2 and parts[-2] in ("engines", "simulator", "simulators")
+    homes = ("engines", "simulator", "simulators")
+    module = path.stem == engine and len(parts) >= 2 and parts[-2] in homes
+    package = len(parts) >= 3 and parts[-2] == engine and parts[-3] in homes
+    return module or package
 
 
 def test_raw_engine_names_stay_in_their_module(registry: EngineRegistry) -> None:

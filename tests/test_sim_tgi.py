@@ -23,7 +23,8 @@ from inferwatch.core import vocabulary as V
 from inferwatch.exporters.engines import builtin_registry
 from inferwatch.exporters.mapping import TranslateContext, translate_text
 from inferwatch.simulator.base import SimSettings
-from inferwatch.simulator.engines import tgi
+from inferwatch.simulator.engines.tgi import metrics as tgi
+from inferwatch.simulator.engines.tgi.protocol import GENERATION_ERROR, parse_rust_duration, rust_duration, rust_f64
 from inferwatch.simulator.server import create_app
 from tests.conftest import ENGINE_FIXTURES, in_process
 from tests.fidelity import diff, schema
@@ -196,7 +197,7 @@ def test_outcomes_counted_the_tgi_way(workload: Workload) -> None:
     assert body["error_type"] == "validation" and body["error"].startswith("Input validation error: ")
     assert workload.generation.status_code == 424
     assert workload.generation.json()["error_type"] == "generation"
-    assert workload.stream_error == [{"error": tgi.GENERATION_ERROR, "error_type": "generation"}]
+    assert workload.stream_error == [{"error": GENERATION_ERROR, "error_type": "generation"}]
 
 
 def test_chat_stream_shape(workload: Workload) -> None:
@@ -389,7 +390,7 @@ def test_request_trace() -> None:
     for key in ("total_time", "validation_time", "queue_time", "inference_time", "time_per_token"):
         assert DEBUG_DURATION.match(str(attrs[key])), attrs[key]
     assert attrs["seed"] == "None" and str(attrs["parameters"]).startswith("GenerateParameters { best_of: None")
-    total = tgi.parse_rust_duration(str(attrs["total_time"]))
+    total = parse_rust_duration(str(attrs["total_time"]))
     assert handler.start_time is not None and handler.end_time is not None
     e2e = (handler.end_time - handler.start_time) / 1e9
     assert abs(total - e2e) < 1e-3  # the handler span covers the request
@@ -397,7 +398,7 @@ def test_request_trace() -> None:
     in_trace = [s for s in spans if s.context.trace_id == TRACE_ID]
     queued = one(s for s in in_trace if s.name == "queued")
     assert queued.start_time is not None and queued.end_time is not None
-    assert abs((queued.end_time - queued.start_time) / 1e9 - tgi.parse_rust_duration(str(attrs["queue_time"]))) < 1e-6
+    assert abs((queued.end_time - queued.start_time) / 1e9 - parse_rust_duration(str(attrs["queue_time"]))) < 1e-6
     generated = int(plain.headers["x-generated-tokens"])
     assert len([s for s in in_trace if s.name == "infer"]) == generated
     sends = [s for s in in_trace if s.name == "send_generation"]
@@ -424,8 +425,8 @@ def one(spans: Any) -> ReadableSpan:
 
 
 def test_rust_formats() -> None:
-    assert tgi.rust_f64(1e-7) == "0.0000001" and tgi.rust_f64(2048.0) == "2048" and tgi.rust_f64(0.5) == "0.5"
-    assert tgi.rust_f64(1e21) == "1000000000000000000000"
-    assert tgi.rust_duration(1_234_567) == "1.234567ms" and tgi.rust_duration(2_031_500_000) == "2.0315s"
-    assert tgi.rust_duration(812_300) == "812.3µs" and tgi.rust_duration(950) == "950ns"
-    assert tgi.parse_rust_duration("812.3µs") == pytest.approx(812.3e-6)
+    assert rust_f64(1e-7) == "0.0000001" and rust_f64(2048.0) == "2048" and rust_f64(0.5) == "0.5"
+    assert rust_f64(1e21) == "1000000000000000000000"
+    assert rust_duration(1_234_567) == "1.234567ms" and rust_duration(2_031_500_000) == "2.0315s"
+    assert rust_duration(812_300) == "812.3µs" and rust_duration(950) == "950ns"
+    assert parse_rust_duration("812.3µs") == pytest.approx(812.3e-6)

@@ -24,7 +24,9 @@ from inferwatch.exporters.engines.trtllm import IterationStatsAccumulator
 from inferwatch.exporters.mapping import TranslateContext, translate_text
 from inferwatch.exporters.model import Snapshot
 from inferwatch.simulator.base import SimSettings, SimulatedEngine
-from inferwatch.simulator.engines import trtllm
+from inferwatch.simulator.engines.trtllm import api as trtllm
+from inferwatch.simulator.engines.trtllm.catalog import NUM_REQUESTS_RUNNING, SCHEDULED_BATCH_SIZE
+from inferwatch.simulator.engines.trtllm.spans import SCOPE, SPAN_NAME
 from inferwatch.simulator.model import EngineParams
 from inferwatch.simulator.server import create_app
 from tests.conftest import ENGINE_FIXTURES, in_process, served_in_thread
@@ -110,7 +112,7 @@ def test_prometheus_exposition_matches_the_gen_c_fixture() -> None:
         if fam.type == "histogram":
             names = [s.name for s in fam.samples]
             assert names[0] == fam.name + "_sum" and names[-1] == fam.name + "_count"
-    worker = pids.pop(trtllm.SCHEDULED_BATCH_SIZE)
+    worker = pids.pop(SCHEDULED_BATCH_SIZE)
     assert set.union(*pids.values()) == {str(os.getpid())}
     assert worker != {str(os.getpid())}
     assert re.search(r'le="1\.0"', text) and re.search(r"\} \d+\.\d+(e\+\d+)?$", text, re.MULTILINE)
@@ -186,10 +188,10 @@ def test_iteration_stats_move_only_when_a_request_finishes() -> None:
 
     during, text_during, after, text_after = asyncio.run(run())
     assert during == []
-    assert trtllm.NUM_REQUESTS_RUNNING not in schema(text_during)
-    assert trtllm.SCHEDULED_BATCH_SIZE in schema(text_during)  # the worker publishes every step
+    assert NUM_REQUESTS_RUNNING not in schema(text_during)
+    assert SCHEDULED_BATCH_SIZE in schema(text_during)  # the worker publishes every step
     assert len(after) >= 30
-    assert trtllm.NUM_REQUESTS_RUNNING in schema(text_after)
+    assert NUM_REQUESTS_RUNNING in schema(text_after)
 
 
 def test_official_openai_client() -> None:
@@ -291,8 +293,8 @@ def test_spans_carry_usage_and_honour_traceparent() -> None:
     spans = exporter.get_finished_spans()
     assert len(spans) == 1
     span = spans[0]
-    assert span.name == trtllm.SPAN_NAME and span.kind is SpanKind.SERVER
-    assert span.instrumentation_scope is not None and span.instrumentation_scope.name == trtllm.SCOPE
+    assert span.name == SPAN_NAME and span.kind is SpanKind.SERVER
+    assert span.instrumentation_scope is not None and span.instrumentation_scope.name == SCOPE
     assert format(span.context.trace_id, "032x") == trace_id
     assert span.parent is not None and format(span.parent.span_id, "016x") == parent_id
     attrs = dict(span.attributes or {})

@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, WithJsonSchema
+from pydantic.json_schema import SkipJsonSchema
 
 
 def _iso(value: datetime) -> str:
@@ -69,7 +70,8 @@ class OtlpPartialSuccess(Schema):
 class OtlpExportResponse(Schema):
     """``ExportTraceServiceResponse``; ``{}`` when every span was accepted."""
 
-    partial_success: OtlpPartialSuccess | None = Field(None, alias="partialSuccess")
+    partial_success: OtlpPartialSuccess | SkipJsonSchema[None] = Field(None, alias="partialSuccess")
+    """absent when every span was accepted."""
 
 
 class RpcStatus(Schema):
@@ -192,7 +194,8 @@ class StatsGroup(Schema):
     time_per_output_token: FieldStats
     request_duration: FieldStats
     request_queue: FieldStats
-    goodput: Goodput | None = None
+    goodput: Goodput | SkipJsonSchema[None] = None
+    """only when an SLO is given."""
 
 
 class Stats(Schema):

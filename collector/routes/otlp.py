@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Annotated, Any, Final
+from typing import Any, Final
 
-from fastapi import APIRouter, Depends, Header, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 from google.rpc import status_pb2
 
@@ -46,14 +46,26 @@ RESPONSES: Final[dict[int | str, dict[str, Any]]] = {
     503: _rpc_error("Database unreachable and the queue full: retry later", retry=True),
 }
 
-REQUEST_BODY: Final[dict[str, Any]] = {
-    "required": True,
-    "description": "An OTLP ExportTraceServiceRequest",
-    "content": {
-        PROTOBUF: _BINARY,
-        JSON: {"schema": {"type": "object", "description": "OTLP JSON encoding (hex trace and span ids)"}},
+REQUEST: Final[dict[str, Any]] = {
+    "requestBody": {
+        "required": True,
+        "description": "An OTLP ExportTraceServiceRequest",
+        "content": {
+            PROTOBUF: _BINARY,
+            JSON: {"schema": {"type": "object", "description": "OTLP JSON encoding (hex trace and span ids)"}},
+        },
     },
+    "parameters": [
+        {
+            "name": "Content-Encoding",
+            "in": "header",
+            "required": False,
+            "schema": {"type": "string", "enum": ["gzip", "deflate", "identity"]},
+            "description": "none, gzip or deflate",
+        }
+    ],
 }
+"""The body the route reads itself (raw, streamed, size-checked) and its header, for the OpenAPI document."""
 
 router = APIRouter(tags=["otlp"], dependencies=[Depends(require_ingest)])
 
@@ -67,14 +79,11 @@ def otlp_error(content_type: str | None, status: int, message: str, headers: dic
     return Response(body, status_code=status, media_type=PROTOBUF, headers=headers)
 
 
-@router.post("/v1/traces", response_model=None, responses=RESPONSES, openapi_extra={"requestBody": REQUEST_BODY})
-async def export_traces(
-    request: Request,
-    collector: CollectorDep,
-    content_encoding: Annotated[str | None, Header(description="gzip, deflate or none")] = None,
-) -> Response:
+@router.post("/v1/traces", response_model=None, responses=RESPONSES, openapi_extra=REQUEST)
+async def export_traces(request: Request, collector: CollectorDep) -> Response:
     """OTLP/HTTP trace export (protobuf or JSON, optionally gzip)."""
     content_type = request.headers.get("content-type")
+    content_encoding = request.headers.get("content-encoding")
     limit = collector.settings.max_body_bytes
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > limit:

@@ -1,7 +1,7 @@
 """What every simulated engine shares: settings, the engine runtime, request handles, spans, text.
 
-An engine module (``simulator/engines/<engine>.py``) adds its HTTP API, its ``/metrics`` dialect and
-its span shapes on top of :class:`SimulatedEngine`.
+An engine package (``simulator/engines/<engine>/``: ``api``, ``metrics``, ``spans``) adds its HTTP API,
+its ``/metrics`` dialect and its span shapes on top of :class:`SimulatedEngine`.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ Factory = Callable[[SimulatedEngine], tuple[FastAPI, Any]]
 
 
 ENGINES = ("vllm", "tgi", "trtllm", "triton")
-"""The simulated engines, registered explicitly: each is ``simulator/engines/<name>.py`` with ``create``."""
+"""The simulated engines, registered explicitly: each is the package ``simulator/engines/<name>/`` with ``create``."""
 
 
 def engine_factory(name: str) -> Factory:

@@ -20,14 +20,16 @@ from inferwatch.exporters.engines import builtin_registry
 from inferwatch.exporters.mapping import TranslateContext, translate_text
 from inferwatch.exporters.model import Snapshot
 from inferwatch.simulator.base import SimSettings, count_tokens
-from inferwatch.simulator.engines import triton as T
+from inferwatch.simulator.engines.triton import metrics as T
+from inferwatch.simulator.engines.triton import repository as R
+from inferwatch.simulator.engines.triton.api import VERSION
 from inferwatch.simulator.model import EngineParams
 from inferwatch.simulator.server import create_app
 from tests.conftest import ENGINE_FIXTURES, in_process
 from tests.fidelity import diff, schema
 
 FIXTURE = ENGINE_FIXTURES / "triton" / "25.03-trtllm" / "metrics.txt"
-ENSEMBLE = f"/v2/models/{T.ENSEMBLE}"
+ENSEMBLE = f"/v2/models/{R.ENSEMBLE}"
 
 
 def settings(**kw: Any) -> SimSettings:
@@ -185,27 +187,27 @@ def test_counters_follow_triton_semantics() -> None:
     def per_model(name: str, model: str, **labels: str) -> float:
         return value(text, name, model=model, **labels)
 
-    assert per_model(T.REQUEST_SUCCESS, T.TENSORRT_LLM) == 2
-    assert per_model(T.REQUEST_SUCCESS, T.ENSEMBLE) == 2
-    assert per_model(T.REQUEST_SUCCESS, T.PREPROCESSING) == 4  # the rejected prompt was tokenized too
+    assert per_model(T.REQUEST_SUCCESS, R.TENSORRT_LLM) == 2
+    assert per_model(T.REQUEST_SUCCESS, R.ENSEMBLE) == 2
+    assert per_model(T.REQUEST_SUCCESS, R.PREPROCESSING) == 4  # the rejected prompt was tokenized too
     # postprocessing: 1 response (non-streaming) + 8 streamed + the abandoned stream's responses
-    assert per_model(T.REQUEST_SUCCESS, T.POSTPROCESSING) >= 1 + 8 + 3
-    assert per_model(T.REQUEST_FAILURE, T.TENSORRT_LLM, reason="CANCELED") == 1
-    assert per_model(T.REQUEST_FAILURE, T.TENSORRT_LLM, reason="BACKEND") == 1
-    assert per_model(T.REQUEST_FAILURE, T.ENSEMBLE, reason="OTHER") == 2
-    assert per_model(T.REQUEST_FAILURE, T.TENSORRT_LLM, reason="REJECTED") == 0
-    for model in T.MODELS:
+    assert per_model(T.REQUEST_SUCCESS, R.POSTPROCESSING) >= 1 + 8 + 3
+    assert per_model(T.REQUEST_FAILURE, R.TENSORRT_LLM, reason="CANCELED") == 1
+    assert per_model(T.REQUEST_FAILURE, R.TENSORRT_LLM, reason="BACKEND") == 1
+    assert per_model(T.REQUEST_FAILURE, R.ENSEMBLE, reason="OTHER") == 2
+    assert per_model(T.REQUEST_FAILURE, R.TENSORRT_LLM, reason="REJECTED") == 0
+    for model in R.MODELS:
         success = per_model(T.REQUEST_SUCCESS, model)
         assert per_model(T.INFERENCE_COUNT, model) == per_model(T.EXEC_COUNT, model) == success
         parts = sum(per_model(n, model) for n in T.DURATION_HELP if n != T.REQUEST_DURATION)
         assert 0 < parts <= per_model(T.REQUEST_DURATION, model)
     # the ensemble's compute time covers its composing models'
-    assert per_model(T.COMPUTE_INFER_DURATION, T.ENSEMBLE) > per_model(T.COMPUTE_INFER_DURATION, T.TENSORRT_LLM)
+    assert per_model(T.COMPUTE_INFER_DURATION, R.ENSEMBLE) > per_model(T.COMPUTE_INFER_DURATION, R.TENSORRT_LLM)
     # pre/post-processing take milliseconds, generation far longer
-    assert per_model(T.COMPUTE_INFER_DURATION, T.PREPROCESSING) / 4 < 20_000
-    assert per_model(T.COMPUTE_INFER_DURATION, T.POSTPROCESSING) / per_model(T.REQUEST_SUCCESS, T.POSTPROCESSING) < 1000
+    assert per_model(T.COMPUTE_INFER_DURATION, R.PREPROCESSING) / 4 < 20_000
+    assert per_model(T.COMPUTE_INFER_DURATION, R.POSTPROCESSING) / per_model(T.REQUEST_SUCCESS, R.POSTPROCESSING) < 1000
     # first responses: the two completed requests and the abandoned stream (it had streamed)
-    for model in T.DECOUPLED:
+    for model in R.DECOUPLED:
         assert value(text, f"{T.FIRST_RESPONSE}_count", model=model) == 3
     assert value(text, f"{T.OUTPUT_TOKEN_LEN}_count") == 2
     assert value(text, f"{T.OUTPUT_TOKEN_LEN}_sum") <= 12 + 8
@@ -217,12 +219,12 @@ def test_server_and_model_endpoints() -> None:
         for path in ("/v2/health/live", "/v2/health/ready", f"{ENSEMBLE}/ready"):
             assert (await client.get(path)).status_code == 200
         server = (await client.get("/v2")).json()
-        assert server["name"] == "triton" and server["version"] == T.VERSION and "statistics" in server["extensions"]
+        assert server["name"] == "triton" and server["version"] == VERSION and "statistics" in server["extensions"]
         meta = (await client.get(ENSEMBLE)).json()
-        assert meta["name"] == T.ENSEMBLE and meta["versions"] == ["1"] and meta["platform"] == "ensemble"
+        assert meta["name"] == R.ENSEMBLE and meta["versions"] == ["1"] and meta["platform"] == "ensemble"
         assert {"text_input", "max_tokens", "stream"} <= {t["name"] for t in meta["inputs"]}
         assert "text_output" in {t["name"] for t in meta["outputs"]}
-        llm = (await client.get(f"/v2/models/{T.TENSORRT_LLM}")).json()
+        llm = (await client.get(f"/v2/models/{R.TENSORRT_LLM}")).json()
         assert llm["platform"] == "tensorrtllm"
         r = await client.get("/v2/models/nope")
         assert r.status_code == 400 and r.json() == {"error": "Request for unknown model: 'nope' is not found"}
@@ -236,7 +238,7 @@ def test_generate_and_generate_stream_shapes() -> None:
         r = await client.post(f"{ENSEMBLE}/generate", json=body)
         assert r.status_code == 200 and r.headers["content-type"] == "application/json"
         out = r.json()
-        assert out["model_name"] == T.ENSEMBLE and out["model_version"] == "1"
+        assert out["model_name"] == R.ENSEMBLE and out["model_version"] == "1"
         assert isinstance(out["text_output"], str) and out["text_output"]
         assert len(out["output_log_probs"]) == 12
         assert list(out) == sorted(out)
@@ -247,7 +249,7 @@ def test_generate_and_generate_stream_shapes() -> None:
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
         streamed = events(r.text)
         assert len(streamed) == 9, "one SSE event per generated token"
-        assert all(e["model_name"] == T.ENSEMBLE and e["text_output"] for e in streamed)
+        assert all(e["model_name"] == R.ENSEMBLE and e["text_output"] for e in streamed)
         assert all(len(e["output_log_probs"]) == 1 for e in streamed)
 
         # without stream=true the ensemble answers once, even on generate_stream
@@ -262,7 +264,7 @@ def test_generate_and_generate_stream_shapes() -> None:
             (f"{ENSEMBLE}/generate", {"text_input": "hi"}, "missing required input(s) ['max_tokens']"),
             (f"{ENSEMBLE}/generate", {"text_input": "x " * 9000, "max_tokens": 3}, "exceeds maximum input length"),
             (f"{ENSEMBLE}/generate_stream", {"text_input": "x " * 9000, "max_tokens": 3}, "maximum input length"),
-            (f"/v2/models/{T.TENSORRT_LLM}/generate", body, "unexpected inference input 'text_input'"),
+            (f"/v2/models/{R.TENSORRT_LLM}/generate", body, "unexpected inference input 'text_input'"),
         ):
             r = await client.post(path, json=payload)
             assert r.status_code == 400 and needle in r.json()["error"], (path, r.text)

@@ -1,1 +1,1 @@
-"""One module per simulated engine, registered explicitly in simulator.server."""
+"""One package per simulated engine (API, metrics and spans modules), registered explicitly in simulator.server."""

@@ -37,8 +37,8 @@ test: install ## run the whole test suite (real promtool; CI=1 turns skips of re
 	$(PY) -m pytest -q
 
 bench: $(STAMP) ## benchmarks (exit non-zero when a target ratio is missed)
-	$(PY) bench/exporter.py
-	$(PY) bench/collector.py
+	$(PY) -m bench.exporter
+	$(PY) -m bench.collector
 
 demo: $(STAMP) ## the exporter end to end on replayed engine payloads (no Docker, no engine)
 	$(PY) -m inferwatch demo --duration 30

@@ -19,10 +19,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from inferwatch.core import vocabulary as V
 from inferwatch.exporters.engines import builtin_registry
-from inferwatch.exporters.mapping import TranslateContext, translate_text
+from inferwatch.exporters.mapping import TranslateContext
 from inferwatch.exporters.render import render
 from inferwatch.exporters.runtime import with_health
-from inferwatch.exporters.synth import replicate
+from tests.support.synth import replicate
 
 ROOT = Path(__file__).resolve().parent.parent
 CAPTURE = ROOT / "tests" / "fixtures" / "engines" / "vllm" / "0.32.0-cpu" / "metrics-final.txt"
@@ -45,7 +45,7 @@ def full_cycle(text: str) -> str:
     adapter = registry.detect(text)
     assert adapter is not None
     ctx = TranslateContext(engine=adapter.name, vocabulary=V.Vocabulary())
-    snap = translate_text(adapter, text, ctx)
+    snap = adapter.open().translate(text, ctx)
     return render(with_health(snap, "bench", adapter.name, {}, 0.0), ctx.vocabulary)
 
 

@@ -1,9 +1,11 @@
-"""Declarative mapping rows and the generic translator that applies them.
+"""Declarative mapping rows, the engine adapter interface and the generic translator.
 
 An engine module is mostly a tuple of :class:`Row` objects: which source family feeds which
 canonical metric, with label renames, value maps (``finished_reason`` -> ``outcome``), label
-matchers (Triton's label-pivoted gauges) and unit scaling. Oddities that are not data (vLLM's
-``cache_config_info``, TGI's KV proxy, TensorRT-LLM's JSON iteration stats) go in a hook.
+matchers (label-pivoted gauges) and unit scaling. Oddities that are not data go in a hook (the
+same for every target of the engine) or in an :class:`EngineSession` subclass: a target's typed
+options, the state it keeps across scrapes, how it is fetched and polled, and payloads that are not
+Prometheus text. Generic code (the runtime, the CLI) sees only this interface, never an engine.
 """
 
 from __future__ import annotations
@@ -11,7 +13,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import ClassVar, Protocol, Self
+
+from pydantic import BaseModel, ConfigDict, JsonValue
 
 from inferwatch.core import vocabulary as V
 from inferwatch.exporters import textparse
@@ -60,7 +64,7 @@ class EngineFacts:
     max_concurrency: str | None = None
 
 
-def version_info(body: Any) -> EngineFacts:
+def version_info(body: JsonValue) -> EngineFacts:
     """Facts from a ``{"version": "..."}`` body (vLLM and trtllm-serve ``/version``, Triton ``/v2``)."""
     version = body.get("version") if isinstance(body, dict) else None
     return EngineFacts(version=str(version) if version else None)
@@ -68,17 +72,13 @@ def version_info(body: Any) -> EngineFacts:
 
 @dataclass
 class TranslateContext:
-    """Per-target settings the translation needs."""
+    """Per-target settings every translation needs (engine-specific ones live in the session)."""
 
     engine: str
     vocabulary: V.Vocabulary = field(default_factory=V.Vocabulary)
     model_override: str | None = None
     extra_labels: Mapping[str, str] = field(default_factory=dict)
     facts: EngineFacts = field(default_factory=EngineFacts)
-    options: Mapping[str, Any] = field(default_factory=dict)
-    """engine-specific options (e.g. TGI's ``max_batch_total_tokens``)."""
-    state: Any = None
-    """engine-specific state carried across scrapes (TensorRT-LLM JSON accumulator)."""
 
     def model_for(self, source_model: str | None) -> str:
         if self.model_override:
@@ -94,6 +94,68 @@ class TranslateContext:
 
 
 Hook = Callable[[ParsedText, TranslateContext, Snapshot], None]
+OptionValues = Mapping[str, JsonValue]
+"""Engine options by name, as a target's ``options:`` or ``--engine-option NAME=VALUE`` give them."""
+
+
+class ScrapeError(Exception):
+    """The engine could not be scraped (down, slow, HTTP error, garbage)."""
+
+
+class Fetch(Protocol):
+    """GET a path of one target's base URL; failures raise :class:`ScrapeError`."""
+
+    def __call__(self, path: str, *, allow_404: bool = False) -> str:
+        """The body; ``""`` for an HTTP 404 when ``allow_404``."""
+        ...
+
+
+class EngineOptions(BaseModel):
+    """An engine's typed options. This base has none; an engine that takes some subclasses it,
+    every field with a default and a description (``inferwatch exporter engines`` lists them)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class EngineSession:
+    """One target of an engine, made by :meth:`EngineAdapter.open`: its options, the state it keeps
+    across scrapes, how it is fetched and polled, and how its payloads are translated.
+
+    This base is a plain engine: Prometheus text at the metrics path, no options, no state, no
+    background polls. An engine with quirks subclasses it (set :attr:`Options`, take that type in
+    ``__init__``) and names the subclass in its adapter.
+    """
+
+    Options: ClassVar[type[EngineOptions]] = EngineOptions
+    """the options model; :meth:`open` validates a target's options with it."""
+
+    def __init__(self, adapter: EngineAdapter, options: EngineOptions) -> None:
+        self.adapter = adapter
+
+    @classmethod
+    def open(cls, adapter: EngineAdapter, options: OptionValues) -> Self:
+        """A session with ``options`` validated (``pydantic.ValidationError`` names the field)."""
+        return cls(adapter, cls.Options.model_validate(options))
+
+    @property
+    def poll_interval(self) -> float | None:
+        """Seconds between background :meth:`poll` calls; ``None`` when the target needs none."""
+        return None
+
+    def fetch(self, get: Fetch, path: str, body: str | None = None) -> str:
+        """The Prometheus text of one scrape. ``path`` is the target URL's path (``""`` for a base
+        URL); ``body`` is what that URL answered when it was already read to detect the engine."""
+        return get(path or self.adapter.default_path) if body is None else body
+
+    def poll(self, get: Fetch) -> None:
+        """Work between scrapes (e.g. draining a destructive endpoint); may raise ScrapeError."""
+
+    def translate(self, payload: str, ctx: TranslateContext) -> Snapshot:
+        """A fetched or captured payload -> canonical snapshot: rows, the adapter's hook, :meth:`extend`."""
+        return translate_text(self.adapter, payload, ctx, self.extend)
+
+    def extend(self, parsed: ParsedText, ctx: TranslateContext, snap: Snapshot) -> None:
+        """Add what this target's options or state provide (after the rows and the adapter's hook)."""
 
 
 @dataclass(frozen=True)
@@ -119,9 +181,28 @@ class EngineAdapter:
     """other spellings of a source name (vLLM's ``vllm_`` for ``vllm:``)."""
     default_path: str = "/metrics"
     info_path: str | None = None
-    parse_info: Callable[[Any], EngineFacts] | None = None
+    parse_info: Callable[[JsonValue], EngineFacts] | None = None
     detect_markers: tuple[str, ...] = ()
     """substrings whose presence identifies this engine's text payload."""
+    claims_json: Callable[[JsonValue], bool] | None = None
+    """whether a JSON payload (not Prometheus text) comes from this engine."""
+    claims_info: Callable[[JsonValue], bool] | None = None
+    """whether the body of ``info_path`` identifies this engine (to attribute an empty metrics body)."""
+    session: type[EngineSession] = EngineSession
+    """what a target of this engine has of its own: options, state, fetching, polling, payloads."""
+
+    @property
+    def options(self) -> type[EngineOptions]:
+        """The engine's options model."""
+        return self.session.Options
+
+    def open(self, options: OptionValues | None = None) -> EngineSession:
+        """A session for one target; ``pydantic.ValidationError`` names a bad or unknown option."""
+        return self.session.open(self, options or {})
+
+    def own_options(self, options: OptionValues) -> dict[str, JsonValue]:
+        """Those of ``options`` that this engine takes (a target of a detected engine may carry others')."""
+        return {name: value for name, value in options.items() if name in self.options.model_fields}
 
     @cached_property
     def wanted(self) -> frozenset[str]:
@@ -228,12 +309,16 @@ def _note(snap: Snapshot, row: Row) -> None:
             snap.notes[row.metric] = f"{old} {row.note}".strip()
 
 
-def translate_parsed(adapter: EngineAdapter, parsed: ParsedText, ctx: TranslateContext) -> Snapshot:
-    """Apply ``adapter``'s rows (and hook) to a parsed payload."""
+def translate_parsed(
+    adapter: EngineAdapter, parsed: ParsedText, ctx: TranslateContext, extend: Hook | None = None
+) -> Snapshot:
+    """Apply ``adapter``'s rows and hook, then ``extend`` (a session's), to a parsed payload."""
     snap = Snapshot()
     translate_rows(adapter, adapter.rows, parsed, ctx, snap)
     if adapter.hook is not None:
         adapter.hook(parsed, ctx, snap)
+    if extend is not None:
+        extend(parsed, ctx, snap)
     _account_unmapped(adapter, parsed, snap)
     return snap
 
@@ -336,10 +421,10 @@ def _account_unmapped(adapter: EngineAdapter, parsed: ParsedText, snap: Snapshot
     snap.unmapped = sorted(unmapped)
 
 
-def translate_text(adapter: EngineAdapter, text: str, ctx: TranslateContext) -> Snapshot:
-    """Parse and translate one text payload."""
+def translate_text(adapter: EngineAdapter, text: str, ctx: TranslateContext, extend: Hook | None = None) -> Snapshot:
+    """Parse and translate one text payload; ``extend`` is a session's (see :meth:`EngineSession.translate`)."""
     parsed = textparse.parse(text, adapter.wanted)
-    return translate_parsed(adapter, parsed, ctx)
+    return translate_parsed(adapter, parsed, ctx, extend)
 
 
 def first(parsed: ParsedText, adapter: EngineAdapter, name: str) -> list[tuple[Labels, float]]:

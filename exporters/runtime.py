@@ -1,8 +1,9 @@
 """The exporter as it runs: scrape each target when Prometheus scrapes us, translate, add health.
 
 A :class:`TargetScraper` owns one engine target. It resolves the engine (configured, or detected
-from the payload), fetches ``/metrics`` with an injected ``httpx.Client``, reads the engine's
-``/info``-style endpoint for facts that are not in its metrics, and returns a canonical
+from the payload) and opens the engine's session for the target, which fetches the payload with an
+injected ``httpx.Client`` (and polls between scrapes when the engine needs it). It reads the
+engine's info endpoint for facts that are not in its metrics, and returns a canonical
 :class:`~inferwatch.exporters.model.Snapshot` with the exporter-health series. A failed scrape yields only
 health series (``EXPORTER_UP`` is 0): no stale canonical series are served. Errors are logged once
 per change of state.
@@ -16,27 +17,24 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
 from inferwatch.core import vocabulary as V
-from inferwatch.core.config import TargetConfig
+from inferwatch.exporters.config import AUTO, TargetConfig
 from inferwatch.exporters.engines import EngineRegistry
-from inferwatch.exporters.engines import tgi as tgi_engine
-from inferwatch.exporters.engines import trtllm as trtllm_engine
-from inferwatch.exporters.mapping import EngineAdapter, EngineFacts, TranslateContext, translate_text
+from inferwatch.exporters.mapping import EngineAdapter, EngineFacts, EngineSession, ScrapeError, TranslateContext
 from inferwatch.exporters.model import Snapshot, merge_snapshots, series_key
 from inferwatch.exporters.textparse import ParseError, looks_like_text_exposition
 
 log = logging.getLogger("inferwatch.exporter")
 
 FACTS_REFRESH_SECONDS = 300.0
-
-
-class ScrapeError(Exception):
-    """The engine could not be scraped (down, slow, HTTP error, garbage)."""
+DETECT_PATH = "/metrics"
+"""what a base URL is scraped at while its engine is not known yet."""
+UNDETECTED_POLL_SECONDS = 1.0
+"""how often a target whose engine is not known yet asks whether it needs background polls."""
 
 
 def _split(url: str) -> tuple[str, str]:
@@ -82,27 +80,30 @@ def with_health(snap: Snapshot, target: str, engine: str, extra: dict[str, str],
 
 @dataclass
 class TargetScraper:
-    """Scrapes one engine target; thread-safe (one scrape at a time)."""
+    """Scrapes one engine target; thread-safe (one scrape at a time, polls beside it)."""
 
     target: TargetConfig
     registry: EngineRegistry
     vocabulary: V.Vocabulary
     client: httpx.Client
     clock: Callable[[], float] = time.monotonic
-    adapter: EngineAdapter | None = None
+    session: EngineSession | None = None
+    """the engine's session for this target; ``None`` until an ``auto`` target's engine is detected."""
     facts: EngineFacts = field(default_factory=EngineFacts)
-    accumulator: trtllm_engine.IterationStatsAccumulator = field(
-        default_factory=trtllm_engine.IterationStatsAccumulator
-    )
     _facts_at: float = -1e18
     _last_error: str | None = None
     _ever_ok: bool = False
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
-        if self.target.engine != "auto":
-            self.adapter = self.registry.get(self.target.engine)
+        if self.target.engine != AUTO:
+            adapter = self.registry.get(self.target.engine)
+            self.session = adapter.open(self.target.options_for(adapter))
         self.base, self.path = _split(self.target.url)
+
+    @property
+    def adapter(self) -> EngineAdapter | None:
+        return self.session.adapter if self.session is not None else None
 
     @property
     def engine_label(self) -> str:
@@ -122,12 +123,9 @@ class TargetScraper:
             raise ScrapeError(f"{url} answered HTTP {resp.status_code}")
         return resp.text
 
-    def _metrics_url(self) -> str:
-        if self.path:
-            return self.base + self.path
-        if self.adapter is not None:
-            return self.base + self.adapter.default_path
-        return self.base + "/metrics"
+    def _fetch(self, path: str, *, allow_404: bool = False) -> str:
+        """GET ``path`` of the target's base URL (the :class:`~inferwatch.exporters.mapping.Fetch` sessions use)."""
+        return self._get(self.base + path, allow_404=allow_404)
 
     def _refresh_facts(self, adapter: EngineAdapter) -> None:
         if adapter.info_path is None or adapter.parse_info is None:
@@ -137,84 +135,67 @@ class TargetScraper:
             return
         self._facts_at = now
         try:
-            body = json.loads(self._get(self.base + adapter.info_path))
+            body = json.loads(self._fetch(adapter.info_path))
         except (ScrapeError, ValueError) as exc:
             log.debug("target %s: no engine facts from %s: %s", self.target.label, adapter.info_path, exc)
             return
         self.facts = adapter.parse_info(body)
 
-    def _detect_empty(self) -> EngineAdapter | None:
-        """An empty body is what TGI serves before its first request: confirm with ``/info``."""
-        try:
-            body = json.loads(self._get(self.base + (tgi_engine.ADAPTER.info_path or "/info")))
-        except (ScrapeError, ValueError):
-            return None
-        if isinstance(body, dict) and ("model_id" in body or body.get("router") == "text-generation-router"):
-            return self.registry.get(tgi_engine.ADAPTER.name)
-        return None
-
     # -- one scrape -------------------------------------------------------------------------
-    def _payload(self) -> tuple[EngineAdapter | None, str]:
-        url = self._metrics_url()
-        # trtllm-serve mounts /prometheus/metrics only with return_perf_metrics; its JSON still works.
-        optional = self.adapter is trtllm_engine.ADAPTER and not self.path
-        body = self._get(url, allow_404=optional)
-        adapter = self.adapter
-        if adapter is None:
+    def _payload(self) -> tuple[EngineSession | None, str]:
+        session = self.session
+        if session is not None:
+            text = session.fetch(self._fetch, self.path)
+        else:
+            body = self._fetch(self.path or DETECT_PATH)
             adapter = self.registry.detect(body)
             if adapter is None and not body.strip():
-                adapter = self._detect_empty()
-            if adapter is not None:
-                log.info("target %s: detected engine %s", self.target.label, adapter.name)
-                self.adapter = adapter
-        if adapter is not None and adapter.name == trtllm_engine.ADAPTER.name:
-            return adapter, self._trtllm_payload(url, body)
+                adapter = self.registry.detect_empty(self._fetch)
+            if adapter is None:
+                # Reachable, but nothing tells which engine (e.g. an empty body).
+                self._check_text(self.path or DETECT_PATH, body)
+                return None, body
+            log.info("target %s: detected engine %s", self.target.label, adapter.name)
+            session = self.session = adapter.open(self.target.options_for(adapter))
+            text = session.fetch(self._fetch, self.path, body)
+        self._check_text(self.path or session.adapter.default_path, text)
+        return session, text
+
+    def _check_text(self, path: str, body: str) -> None:
         if body.strip() and not looks_like_text_exposition(body):
-            raise ScrapeError(f"{url} did not return Prometheus text (starts {body[:40]!r})")
-        return adapter, body
+            raise ScrapeError(f"{self.base + path} did not return Prometheus text (starts {body[:40]!r})")
 
-    def _trtllm_payload(self, url: str, body: str) -> str:
-        """trtllm-serve: JSON stats at ``/metrics`` (destructive read), Prometheus text beside it."""
-        if body.lstrip()[:1] in ("[", "{"):
-            self._feed_json(body)
-            if self.path in ("", trtllm_engine.JSON_PATH):
-                return self._get(self.base + trtllm_engine.ADAPTER.default_path, allow_404=True)
-            return ""
-        if not self.path or self.path == trtllm_engine.ADAPTER.default_path:
-            self.poll_json()
-        return body
+    def poll_interval(self) -> float | None:
+        """Seconds until the next background :meth:`poll`; ``None`` when the target needs none."""
+        if self.session is None:
+            return UNDETECTED_POLL_SECONDS
+        return self.session.poll_interval
 
-    def _feed_json(self, body: str) -> None:
+    def poll(self) -> None:
+        """The session's work between scrapes (errors are not fatal)."""
+        session = self.session
+        if session is None:
+            return
         try:
-            stats = json.loads(body)
-        except ValueError as exc:
-            raise ScrapeError(f"trtllm-serve JSON stats are not valid JSON: {exc}") from None
-        self.accumulator.feed(stats if isinstance(stats, list) else [stats])
-
-    def poll_json(self) -> None:
-        """Drain trtllm-serve's JSON iteration stats into the accumulator (errors are not fatal)."""
-        try:
-            body = self._get(self.base + trtllm_engine.JSON_PATH, allow_404=True)
-            if body.lstrip()[:1] in ("[", "{"):
-                self._feed_json(body)
+            session.poll(self._fetch)
         except ScrapeError as exc:
-            log.debug("target %s: JSON stats poll failed: %s", self.target.label, exc)
+            log.debug("target %s: background poll failed: %s", self.target.label, exc)
 
     def scrape(self) -> Snapshot:
         """Scrape, translate and add health series. Never raises for engine trouble."""
         with self._lock:
             start = self.clock()
             try:
-                adapter, body = self._payload()
-                if adapter is None:
+                session, body = self._payload()
+                if session is None:
                     # Reachable, but nothing tells which engine (e.g. an empty body): up, no series.
                     self._state_ok()
                     return health_snapshot(
                         self.target.label, V.UNKNOWN, self.target.labels, True, self.clock() - start, 0
                     )
+                adapter = session.adapter
                 self._refresh_facts(adapter)
-                ctx = self._context(adapter)
-                snap = translate_text(adapter, body, ctx)
+                snap = session.translate(body, self._context(adapter))
             except (ScrapeError, ParseError) as exc:
                 self._state_error(str(exc))
                 return self._down(start)
@@ -232,17 +213,12 @@ class TargetScraper:
         return health_snapshot(self.target.label, self.engine_label, self.target.labels, False, self.clock() - start)
 
     def _context(self, adapter: EngineAdapter) -> TranslateContext:
-        options: dict[str, Any] = {}
-        if self.target.max_batch_total_tokens:
-            options[tgi_engine.OPTION_MAX_BATCH_TOTAL_TOKENS] = self.target.max_batch_total_tokens
         return TranslateContext(
             engine=adapter.name,
             vocabulary=self.vocabulary,
             model_override=self.target.model,
             extra_labels=self.target.labels,
             facts=self.facts,
-            options=options,
-            state=self.accumulator if adapter.name == trtllm_engine.ADAPTER.name else None,
         )
 
     def _state_error(self, message: str) -> None:

@@ -11,9 +11,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import httpx
 
 from inferwatch.core import vocabulary as V
-from inferwatch.core.config import ExporterConfig, parse_listen
+from inferwatch.core.config import ConfigError, parse_listen
+from inferwatch.exporters.config import ExporterConfig, target_errors
 from inferwatch.exporters.engines import EngineRegistry
-from inferwatch.exporters.engines import trtllm as trtllm_engine
 from inferwatch.exporters.model import merge_snapshots
 from inferwatch.exporters.render import CONTENT_TYPE, render
 from inferwatch.exporters.runtime import TargetScraper
@@ -35,6 +35,9 @@ class Exporter:
     _server: ThreadingHTTPServer | None = None
 
     def __post_init__(self) -> None:
+        errors = target_errors(self.config, self.registry)
+        if errors:
+            raise ConfigError("invalid exporter configuration: " + "; ".join(f"{loc}: {msg}" for loc, msg in errors))
         self.client = httpx.Client(transport=self.transport, follow_redirects=True)
         self.scrapers = [
             TargetScraper(target=t, registry=self.registry, vocabulary=self.vocabulary, client=self.client)
@@ -48,9 +51,8 @@ class Exporter:
         return render(merge_snapshots(snaps), self.vocabulary)
 
     def _poll_loop(self, scraper: TargetScraper) -> None:
-        while not self._stop.wait(scraper.target.json_poll_interval_seconds):
-            if scraper.adapter is not None and scraper.adapter.name == trtllm_engine.ADAPTER.name:
-                scraper.poll_json()
+        while (interval := scraper.poll_interval()) is not None and not self._stop.wait(interval):
+            scraper.poll()
 
     def start(self) -> tuple[str, int]:
         """Bind the listen address and serve in background threads; returns the bound address."""
@@ -100,8 +102,8 @@ class Exporter:
         t.start()
         self._threads.append(t)
         for scraper in self.scrapers:
-            if scraper.target.engine in ("auto", trtllm_engine.ADAPTER.name):
-                p = threading.Thread(target=self._poll_loop, args=(scraper,), name="trtllm-json", daemon=True)
+            if scraper.poll_interval() is not None:
+                p = threading.Thread(target=self._poll_loop, args=(scraper,), name="target-poll", daemon=True)
                 p.start()
                 self._threads.append(p)
         return str(bound[0]), int(bound[1])

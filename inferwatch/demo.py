@@ -225,7 +225,7 @@ def run_demo(duration: float | None, vllm_profile: str, speed: float, base_port:
                 "warning",
             ]
             if m.engine == V.ENGINE_TGI:
-                exp += ["--max-batch-total-tokens", str(TGI_KV_TOKENS)]
+                exp += ["--engine-option", f"max_batch_total_tokens={TGI_KV_TOKENS}"]
             for name, cmd in ((f"{m.engine}-simulator", sim), (f"{m.engine}-exporter", exp)):
                 log = (logdir / f"{name}.log").open("wb")
                 procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))

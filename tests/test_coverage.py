@@ -9,9 +9,9 @@ import pytest
 from inferwatch.core import vocabulary as V
 from inferwatch.exporters.coverage import markdown, matrix
 from inferwatch.exporters.engines import EngineRegistry
-from inferwatch.exporters.offline import fixture_payloads, load_fixture_meta, translate_fixture
 from tests.conftest import ENGINE_FIXTURES, ROOT, fixture_dirs
 from tests.helpers import families
+from tests.support.fixtures import fixture_payloads, load_fixture_meta, translate_fixture
 
 
 def test_matrix_is_complete(registry: EngineRegistry) -> None:

@@ -17,20 +17,22 @@ import httpx
 import pytest
 
 from inferwatch.core import vocabulary as V
-from inferwatch.core.config import ExporterConfig, TargetConfig
+from inferwatch.core.config import ConfigError
+from inferwatch.exporters.config import ExporterConfig, TargetConfig
 from inferwatch.exporters.engines import EngineRegistry
-from inferwatch.exporters.replay import TEXT, ReplayServer, fixture_routes
+from inferwatch.exporters.engines import trtllm as trtllm_engine
+from inferwatch.exporters.mapping import EngineSession
 from inferwatch.exporters.server import Exporter
 from tests.conftest import ENGINE_FIXTURES, ROOT, free_port
 from tests.helpers import has, value
+from tests.support.replay import TEXT, ReplayServer, fixture_routes
 
 REAL = ENGINE_FIXTURES / "vllm" / "0.32.0-cpu"
 
 
 @pytest.fixture
-def vllm_engine() -> Iterator[ReplayServer]:
-    _, routes = fixture_routes(REAL)
-    server = ReplayServer(routes)
+def vllm_engine(registry: EngineRegistry) -> Iterator[ReplayServer]:
+    server = ReplayServer(fixture_routes(REAL, registry))
     server.start()
     yield server
     server.stop()
@@ -100,7 +102,7 @@ def test_garbage_and_timeouts_are_down_not_fatal(
     t = threading.Thread(target=server.serve_forever, daemon=True)
     t.start()
     url = f"http://127.0.0.1:{server.server_address[1]}/metrics"
-    exporter = make_exporter(registry, TargetConfig(url=url, engine="vllm", name="bad", timeout_seconds=0.3))
+    exporter = make_exporter(registry, TargetConfig(url=url, engine=V.ENGINE_VLLM, name="bad", timeout_seconds=0.3))
     addr = exporter.start()
     try:
         with caplog.at_level("WARNING", logger="inferwatch.exporter"):
@@ -118,7 +120,7 @@ def test_garbage_and_timeouts_are_down_not_fatal(
 
 
 def test_recovers_and_logs_once(registry: EngineRegistry, caplog: pytest.LogCaptureFixture) -> None:
-    _, routes = fixture_routes(REAL)
+    routes = fixture_routes(REAL, registry)
     engine = ReplayServer(routes)
     url = engine.start()
     port = int(url.rsplit(":", 1)[1])
@@ -138,10 +140,9 @@ def test_recovers_and_logs_once(registry: EngineRegistry, caplog: pytest.LogCapt
         exporter.stop()
 
 
-def test_cli_serve_process(tmp_path: Path) -> None:
+def test_cli_serve_process(tmp_path: Path, registry: EngineRegistry) -> None:
     """`inferwatch exporter serve` as users run it: a real process, SIGTERM to stop."""
-    _, routes = fixture_routes(REAL)
-    engine = ReplayServer(routes)
+    engine = ReplayServer(fixture_routes(REAL, registry))
     url = engine.start()
     port = free_port()
     proc = subprocess.Popen(
@@ -193,16 +194,19 @@ def test_cli_serve_process(tmp_path: Path) -> None:
 
 def test_tgi_empty_body_detected_through_info(registry: EngineRegistry) -> None:
     """A fresh TGI serves an empty /metrics: the exporter asks /info, then serves the model's info."""
-    _, routes = fixture_routes(ENGINE_FIXTURES / "tgi" / "3.3.7-fresh")
-    engine = ReplayServer(routes)
+    engine = ReplayServer(fixture_routes(ENGINE_FIXTURES / "tgi" / "3.3.7-fresh", registry))
     url = engine.start()
-    exporter = make_exporter(registry, TargetConfig(url=url, name="tgi-0", max_batch_total_tokens=16384))
+    # an auto target may carry options of any engine: the detected engine takes its own
+    options = {"max_batch_total_tokens": 16384, "json_poll_interval_seconds": 2}
+    exporter = make_exporter(registry, TargetConfig(url=url, name="tgi-0", options=options))
     addr = exporter.start()
     try:
         text = scrape(addr)
         assert value(text, V.EXPORTER_UP.name, engine=V.ENGINE_TGI) == 1.0
         assert value(text, V.ENGINE_INFO.name, model="meta-llama/Llama-3.1-8B-Instruct") == 1.0
+        assert value(text, V.KV_CACHE_CAPACITY.name) == 16384
         assert not has(text, V.REQUESTS.name)
+        assert exporter.scrapers[0].poll_interval() is None, "TGI needs no background polls"
     finally:
         exporter.stop()
         engine.stop()
@@ -212,12 +216,11 @@ def test_a_translation_bug_is_contained(
     registry: EngineRegistry, vllm_engine: ReplayServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An unexpected exception in one target's translation marks it down; the exporter keeps serving."""
-    from inferwatch.exporters import runtime
 
     def boom(*args: object) -> None:
         raise RuntimeError("bug")
 
-    monkeypatch.setattr(runtime, "translate_text", boom)
+    monkeypatch.setattr(EngineSession, "translate", boom)
     exporter = make_exporter(registry, TargetConfig(url=vllm_engine.url, name="v"))
     try:
         text = exporter.metrics()
@@ -229,17 +232,38 @@ def test_a_translation_bug_is_contained(
 def test_trtllm_json_is_drained_between_scrapes(registry: EngineRegistry) -> None:
     """The JSON stats are a destructive read with a bounded buffer: the exporter polls it on its own."""
     stats = ENGINE_FIXTURES / "trtllm" / "json-iteration-stats" / "metrics.json"
-    engine = ReplayServer({"/metrics": ("application/json", stats.read_bytes())})
+    json_path = trtllm_engine.JSON_PATH
+    engine = ReplayServer({json_path: ("application/json", stats.read_bytes())})
     url = engine.start()
-    target = TargetConfig(url=url, engine="trtllm", json_poll_interval_seconds=0.05)
+    target = TargetConfig(url=url, engine=V.ENGINE_TRTLLM, options={"json_poll_interval_seconds": 0.05})
     exporter = make_exporter(registry, target)
     exporter.start()
     try:
         deadline = time.monotonic() + 10
-        while engine.hits.get("/metrics", 0) < 3 and time.monotonic() < deadline:
+        while engine.hits.get(json_path, 0) < 3 and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert engine.hits.get("/metrics", 0) >= 3, "no background polls of the JSON stats"
-        assert exporter.scrapers[0].accumulator.iterations == 6
+        assert engine.hits.get(json_path, 0) >= 3, "no background polls of the JSON stats"
+        session = exporter.scrapers[0].session
+        assert isinstance(session, trtllm_engine.TrtllmSession)
+        assert session.stats.iterations == 6
     finally:
         exporter.stop()
         engine.stop()
+
+
+def test_polls_follow_the_detected_engine(registry: EngineRegistry, vllm_engine: ReplayServer) -> None:
+    """An auto target is polled only until its engine turns out to need no background polls."""
+    exporter = make_exporter(registry, TargetConfig(url=vllm_engine.url, name="v"))
+    try:
+        (scraper,) = exporter.scrapers
+        assert scraper.session is None and scraper.poll_interval() is not None
+        exporter.metrics()
+        assert scraper.adapter is registry.get(V.ENGINE_VLLM) and scraper.poll_interval() is None
+    finally:
+        exporter.stop()
+
+
+def test_bad_engine_options_are_refused_up_front(registry: EngineRegistry) -> None:
+    target = TargetConfig(url="http://127.0.0.1:1", engine=V.ENGINE_TGI, options={"max_batch_total_tokens": 0})
+    with pytest.raises(ConfigError, match=r"targets\.0\.options\.max_batch_total_tokens"):
+        make_exporter(registry, target)

@@ -9,9 +9,9 @@ import pytest
 
 from inferwatch.core import vocabulary as V
 from inferwatch.exporters.engines import EngineRegistry
-from inferwatch.exporters.offline import fixture_payloads, load_fixture_meta, translate_fixture
 from tests.conftest import ENGINE_FIXTURES, fixture_dirs
 from tests.helpers import families
+from tests.support.fixtures import fixture_payloads, load_fixture_meta, translate_fixture
 
 CASES = [(d, p) for d in fixture_dirs() for p in fixture_payloads(load_fixture_meta(d))]
 

@@ -27,10 +27,11 @@ def run_profile(profile: str, engine: str = "vllm", switch_to: str | None = None
     adapter = builtin_registry().get(engine)
 
     path = METRICS_PATH.get(engine, "/metrics")
-    ctx = TranslateContext(engine=engine, options={"max_batch_total_tokens": params.num_blocks * params.block_size})
+    ctx = TranslateContext(engine=engine)
+    session = adapter.open(adapter.own_options({"max_batch_total_tokens": params.num_blocks * params.block_size}))
 
     def canon(text: str) -> Snapshot:
-        return translate_text(adapter, text, ctx)
+        return translate_text(adapter, text, ctx, session.extend)
 
     async def main() -> tuple[Snapshot, Snapshot]:
         app = create_app(s)

@@ -7,11 +7,12 @@ from typing import Any
 
 import pytest
 import yaml
+from pydantic import ValidationError
 
 from inferwatch.core import vocabulary as V
 from inferwatch.exporters.engines import EngineRegistry
 from inferwatch.exporters.engines import tgi as tgi_engine
-from inferwatch.exporters.mapping import TranslateContext, translate_text
+from inferwatch.exporters.mapping import TranslateContext
 from inferwatch.exporters.model import Snapshot
 from tests.conftest import ENGINE_FIXTURES
 
@@ -20,12 +21,14 @@ META: dict[str, Any] = yaml.safe_load((D / "fixture.yaml").read_text())
 F = META["facts"]
 
 
-def translate(text: str | None = None, capacity: int | None = META["max_batch_total_tokens"]) -> Snapshot:
+CAPACITY: int = META["options"]["max_batch_total_tokens"]
+
+
+def translate(text: str | None = None, capacity: int | None = CAPACITY) -> Snapshot:
     ctx = TranslateContext(engine=V.ENGINE_TGI)
     ctx.facts = tgi_engine.parse_info(json.loads((D / "info.json").read_text()))
-    if capacity:
-        ctx.options = {tgi_engine.OPTION_MAX_BATCH_TOTAL_TOKENS: capacity}
-    return translate_text(tgi_engine.ADAPTER, (D / "metrics.txt").read_text() if text is None else text, ctx)
+    session = tgi_engine.TgiSession(tgi_engine.ADAPTER, tgi_engine.TgiOptions(max_batch_total_tokens=capacity))
+    return session.translate((D / "metrics.txt").read_text() if text is None else text, ctx)
 
 
 def test_detected(registry: EngineRegistry) -> None:
@@ -50,7 +53,7 @@ def test_tokens_gauges_and_kv_proxy() -> None:
     assert snap.value(V.REQUESTS_RUNNING) == F["running"]
     assert snap.value(V.REQUESTS_WAITING) == F["waiting"]
     assert snap.value(V.KV_CACHE_USAGE) == pytest.approx(F["kv_usage_proxy"])
-    assert snap.value(V.KV_CACHE_CAPACITY) == META["max_batch_total_tokens"]
+    assert snap.value(V.KV_CACHE_CAPACITY) == CAPACITY
     assert "approximate" in snap.notes[V.KV_CACHE_USAGE]
 
 
@@ -100,3 +103,22 @@ def test_fresh_server_empty_body() -> None:
     snap = translate("")
     assert snap.metrics() == {V.ENGINE_INFO, V.KV_CACHE_CAPACITY}
     assert snap.unmapped == []
+
+
+def test_options_are_typed_and_validated() -> None:
+    session = tgi_engine.ADAPTER.open({"max_batch_total_tokens": "16384"})  # as --engine-option gives it
+    assert isinstance(session, tgi_engine.TgiSession)
+    assert session.options.max_batch_total_tokens == 16384
+    for bad, field in (({"max_batch_total_tokens": 0}, "max_batch_total_tokens"), ({"capacity": 1}, "capacity")):
+        with pytest.raises(ValidationError) as exc:
+            tgi_engine.ADAPTER.open(bad)
+        assert [e["loc"] for e in exc.value.errors()] == [(field,)]
+
+
+def test_empty_body_claimed_through_info(registry: EngineRegistry) -> None:
+    info = json.loads((D / "info.json").read_text())
+    assert registry.detect("") is None
+    assert registry.detect_empty(lambda path, allow_404=False: json.dumps(info) if path == "/info" else "") is (
+        tgi_engine.ADAPTER
+    )
+    assert registry.detect_empty(lambda path, allow_404=False: "{}") is None

@@ -10,15 +10,15 @@ import pytest
 import yaml
 
 from inferwatch.core import vocabulary as V
-from inferwatch.core.config import ExporterConfig, TargetConfig
+from inferwatch.exporters.config import ExporterConfig, TargetConfig
 from inferwatch.exporters.engines import EngineRegistry
 from inferwatch.exporters.engines import trtllm as trtllm_engine
 from inferwatch.exporters.mapping import TranslateContext, translate_text
 from inferwatch.exporters.model import Snapshot
-from inferwatch.exporters.replay import JSON, TEXT, ReplayServer
 from inferwatch.exporters.server import Exporter
 from tests.conftest import ENGINE_FIXTURES
 from tests.helpers import has, value
+from tests.support.replay import JSON, TEXT, ReplayServer
 
 D = ENGINE_FIXTURES / "trtllm"
 
@@ -125,8 +125,8 @@ def trtllm_gen_a_with_json() -> Iterator[ReplayServer]:
     """A trtllm-serve 1.1-style server: Gen A Prometheus text and the JSON stats at /metrics."""
     server = ReplayServer(
         {
-            "/prometheus/metrics": (TEXT, (D / "gen-a" / "prometheus.txt").read_bytes()),
-            "/metrics": (JSON, (D / "json-iteration-stats" / "metrics.json").read_bytes()),
+            trtllm_engine.PROMETHEUS_PATH: (TEXT, (D / "gen-a" / "prometheus.txt").read_bytes()),
+            trtllm_engine.JSON_PATH: (JSON, (D / "json-iteration-stats" / "metrics.json").read_bytes()),
         }
     )
     server.start()
@@ -148,5 +148,27 @@ def test_serve_combines_prometheus_and_json(
     assert value(text, V.EXPORTER_UP.name, engine=V.ENGINE_TRTLLM) == 1.0
     assert value(text, V.TIME_TO_FIRST_TOKEN.name + "_count", model="llama") == facts("gen-a")["ttft_count"]
     assert value(text, V.REQUESTS_RUNNING.name, model="llama") == f["latest_after_first_poll"]["numActiveRequests"]
-    assert trtllm_gen_a_with_json.hits.get("/metrics", 0) >= 1
+    assert trtllm_gen_a_with_json.hits.get(trtllm_engine.JSON_PATH, 0) >= 1
     assert has(text, V.KV_CACHE_CAPACITY.name)
+
+
+def test_json_detected_and_translated_through_the_session(registry: EngineRegistry) -> None:
+    """A captured JSON read goes to trtllm-serve and translates on its own; a session keeps the stats."""
+    first = (D / "json-iteration-stats" / "metrics.json").read_text()
+    second = (D / "json-iteration-stats" / "metrics-next.json").read_text()
+    assert registry.detect(first) is trtllm_engine.ADAPTER
+    assert registry.detect("[not json") is None
+    session = trtllm_engine.ADAPTER.open({"json_poll_interval_seconds": "0.5"})
+    assert isinstance(session, trtllm_engine.TrtllmSession) and session.poll_interval == 0.5
+    ctx = TranslateContext(engine=V.ENGINE_TRTLLM, model_override="m")
+    session.translate(first, ctx)
+    snap = session.translate(second, ctx)
+    f = facts("json-iteration-stats")
+    assert snap.value(V.SPEC_DECODE_DRAFT_TOKENS) == f["both_polls"]["num_draft_tokens_sum"]
+    # the text payload of the same session gets the JSON-derived signals it lacks
+    text = session.translate((D / "gen-a" / "prometheus.txt").read_text(), ctx)
+    assert text.value(V.REQUESTS_RUNNING) == f["latest"]["numActiveRequests"]
+    assert (
+        V.REQUESTS_RUNNING
+        not in translate_text(trtllm_engine.ADAPTER, (D / "gen-a" / "prometheus.txt").read_text(), ctx).metrics()
+    )

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from inferwatch.exporters.engines import tgi, triton, trtllm, vllm
-from inferwatch.exporters.mapping import EngineAdapter
+from inferwatch.exporters.mapping import EngineAdapter, Fetch, ScrapeError
 
 
 @dataclass
@@ -35,18 +35,35 @@ class EngineRegistry:
         return iter(self.adapters.values())
 
     def detect(self, payload: str) -> EngineAdapter | None:
-        """Identify the engine that produced ``payload``; ``None`` when it cannot be told (empty body)."""
+        """Identify the engine that produced ``payload``; ``None`` when it cannot be told (empty body).
+
+        A JSON payload goes to the first adapter that claims it, Prometheus text to the first whose
+        markers it contains."""
         stripped = payload.lstrip()
         if stripped[:1] in ("[", "{"):
             try:
-                json.loads(stripped)
+                body = json.loads(stripped)
             except ValueError:
                 return None
-            return self.adapters.get(trtllm.ADAPTER.name)
+            return next((a for a in self if a.claims_json is not None and a.claims_json(body)), None)
         for adapter in self.adapters.values():
             if any(marker in payload for marker in adapter.detect_markers) or any(
                 stripped.startswith(m.lstrip("\n")) for m in adapter.detect_markers
             ):
+                return adapter
+        return None
+
+    def detect_empty(self, get: Fetch) -> EngineAdapter | None:
+        """The engine behind an empty metrics body (some serve one before their first request): the
+        first adapter whose info endpoint, read with ``get``, confirms it."""
+        for adapter in self:
+            if adapter.claims_info is None or adapter.info_path is None:
+                continue
+            try:
+                body = json.loads(get(adapter.info_path))
+            except (ScrapeError, ValueError):
+                continue
+            if adapter.claims_info(body):
                 return adapter
         return None
 

@@ -3,20 +3,26 @@
 Source: the TGI catalog (``tgi.md`` §1.2–1.8, §4). TGI's ``/metrics`` has no ``_total`` suffixes,
 no model label, geometric ``le`` strings with float noise, families in arbitrary order and an empty
 body until the first request. The model comes from ``GET /info``; the KV-cache capacity is not
-exposed anywhere, so ``max_batch_total_tokens`` must come from configuration to turn
-``tgi_batch_current_max_tokens`` into a usage ratio.
+exposed anywhere, so the ``max_batch_total_tokens`` option (:class:`TgiOptions`) must give it to
+turn ``tgi_batch_current_max_tokens`` into a usage ratio.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from pydantic import Field, JsonValue
 
 from inferwatch.core import vocabulary as V
-from inferwatch.exporters.mapping import EngineAdapter, EngineFacts, Row, TranslateContext, info_key
+from inferwatch.exporters.mapping import (
+    EngineAdapter,
+    EngineFacts,
+    EngineOptions,
+    EngineSession,
+    Row,
+    TranslateContext,
+    info_key,
+)
 from inferwatch.exporters.model import Snapshot
 from inferwatch.exporters.textparse import ParsedText
-
-OPTION_MAX_BATCH_TOTAL_TOKENS = "max_batch_total_tokens"
 
 # err label -> outcome. validation/template failures are client errors (HTTP 422) that never
 # reached the engine, like vLLM's HTTP 400 rejections, which leave no vllm: series: not counted.
@@ -108,22 +114,52 @@ IGNORED = frozenset(
 )
 
 
-def hook(parsed: ParsedText, ctx: TranslateContext, snap: Snapshot) -> None:
-    """KV-usage proxy from the configured capacity, and the info series from ``/info``."""
-    capacity = ctx.options.get(OPTION_MAX_BATCH_TOTAL_TOKENS)
-    if capacity:
+class TgiOptions(EngineOptions):
+    """A TGI target's options."""
+
+    max_batch_total_tokens: int | None = Field(
+        None,
+        gt=0,
+        description="KV-cache capacity in tokens (TGI exports it nowhere; its router logs "
+        '"Setting max batch total tokens to N"), to derive the KV-cache usage ratio.',
+    )
+
+
+class TgiSession(EngineSession):
+    """A TGI target: the configured KV capacity turns the running batch's token slots into a usage ratio."""
+
+    Options = TgiOptions
+
+    def __init__(self, adapter: EngineAdapter, options: TgiOptions) -> None:
+        super().__init__(adapter, options)
+        self.options = options
+
+    def extend(self, parsed: ParsedText, ctx: TranslateContext, snap: Snapshot) -> None:
+        """KV-usage proxy from the configured capacity."""
+        capacity = self.options.max_batch_total_tokens
+        if not capacity:
+            return
         snap.add_value(V.KV_CACHE_CAPACITY, ctx.key({}), float(capacity))
         for _, value in parsed.get(CURRENT_MAX_TOKENS):
             snap.add_value(V.KV_CACHE_USAGE, ctx.key({}), value / float(capacity))
         snap.notes[V.KV_CACHE_USAGE] = (
             "[tgi: approximate, KV slots reserved by the running batch / configured max_batch_total_tokens.]"
         )
+
+
+def hook(parsed: ParsedText, ctx: TranslateContext, snap: Snapshot) -> None:
+    """The info series from ``/info``."""
     if ctx.facts.version or ctx.facts.model:
         info = {V.LABEL_MAX_CONCURRENCY: ctx.facts.max_concurrency or ""}
         snap.set_value(V.ENGINE_INFO, info_key(ctx, info), 1.0)
 
 
-def parse_info(body: Any) -> EngineFacts:
+def claims_info(body: JsonValue) -> bool:
+    """``GET /info`` is TGI's when it names a model or the text-generation router."""
+    return isinstance(body, dict) and ("model_id" in body or body.get("router") == "text-generation-router")
+
+
+def parse_info(body: JsonValue) -> EngineFacts:
     """``GET /info`` -> model id, version and the concurrency limit."""
     if not isinstance(body, dict):
         return EngineFacts()
@@ -147,4 +183,6 @@ ADAPTER = EngineAdapter(
     info_path="/info",
     parse_info=parse_info,
     detect_markers=("tgi_",),
+    claims_info=claims_info,
+    session=TgiSession,
 )

@@ -5,18 +5,33 @@ at three commits. Gen A (1.1–1.2): five unprefixed families with ``model_name=
 Gen B: the same with the ``trtllm_`` prefix plus two KV gauges; Gen C: ~60 ``trtllm_*`` families
 with real labels. All are rendered by prometheus_client in multiprocess mode (gauges carry ``pid``,
 which is dropped). ``GET /metrics`` on the same port is a JSON array of per-iteration stats and a
-destructive read: :class:`IterationStatsAccumulator` polls it, sums per-iteration counts and keeps
-the latest gauges; its signals fill in what the Prometheus endpoint of the deployment lacks.
+destructive read: a target's :class:`TrtllmSession` drains it in the background into an
+:class:`IterationStatsAccumulator`, which sums per-iteration counts and keeps the latest gauges; its
+signals fill in what the Prometheus endpoint of the deployment lacks.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import threading
 from collections.abc import Iterable
 from typing import Any
 
+from pydantic import Field, JsonValue
+
 from inferwatch.core import vocabulary as V
-from inferwatch.exporters.mapping import EngineAdapter, Row, TranslateContext, info_key, version_info
+from inferwatch.exporters.mapping import (
+    EngineAdapter,
+    EngineOptions,
+    EngineSession,
+    Fetch,
+    Row,
+    ScrapeError,
+    TranslateContext,
+    info_key,
+    version_info,
+)
 from inferwatch.exporters.model import Snapshot
 from inferwatch.exporters.textparse import ParsedText
 
@@ -211,7 +226,7 @@ def _label_value(value: float) -> str:
 
 
 def hook(parsed: ParsedText, ctx: TranslateContext, snap: Snapshot) -> None:
-    """Capacity, prefix-cache lookups and the info series; then the JSON-derived signals."""
+    """Capacity, prefix-cache lookups and the info series (the session adds the JSON-derived signals)."""
     per_model: dict[str, dict[str, float]] = {}
     for name in (MAX_BLOCKS, TOKENS_PER_BLOCK, MAX_ACTIVE, PROMPT_TOKENS, PROMPT_CACHED):
         for labels, value in parsed.get(name):
@@ -248,8 +263,86 @@ def hook(parsed: ParsedText, ctx: TranslateContext, snap: Snapshot) -> None:
             V.LABEL_MAX_CONCURRENCY: _label_value(vals[MAX_ACTIVE]) if MAX_ACTIVE in vals else "",
         }
         snap.set_value(V.ENGINE_INFO, info_key(ctx, info), 1.0)
-    if isinstance(ctx.state, IterationStatsAccumulator):
-        ctx.state.apply(ctx, snap)
+
+
+JSON_PATH = "/metrics"
+PROMETHEUS_PATH = "/prometheus/metrics"
+
+
+def _is_json(body: str) -> bool:
+    return body.lstrip()[:1] in ("[", "{")
+
+
+def claims_json(body: JsonValue) -> bool:
+    """A JSON array or object is trtllm-serve's iteration stats (no other engine serves JSON metrics)."""
+    return isinstance(body, list | dict)
+
+
+class TrtllmOptions(EngineOptions):
+    """A trtllm-serve target's options."""
+
+    json_poll_interval_seconds: float = Field(
+        1.0,
+        gt=0,
+        description="How often to drain the JSON iteration stats at /metrics (a destructive read of a "
+        "bounded buffer), between scrapes too.",
+    )
+
+
+class TrtllmSession(EngineSession):
+    """A trtllm-serve target: Prometheus text at ``/prometheus/metrics`` (mounted only with
+    ``return_perf_metrics``) and JSON iteration stats at ``/metrics``, drained into :attr:`stats`."""
+
+    Options = TrtllmOptions
+
+    def __init__(self, adapter: EngineAdapter, options: TrtllmOptions) -> None:
+        super().__init__(adapter, options)
+        self.options = options
+        self.stats = IterationStatsAccumulator()
+
+    @property
+    def poll_interval(self) -> float:
+        return self.options.json_poll_interval_seconds
+
+    def fetch(self, get: Fetch, path: str, body: str | None = None) -> str:
+        """The Prometheus text; JSON stats met on the way (at ``/metrics``) are fed to :attr:`stats`."""
+        if body is None:
+            # /prometheus/metrics may be missing (no return_perf_metrics): the JSON stats still work
+            body = get(path or self.adapter.default_path, allow_404=not path)
+        if _is_json(body):
+            self._feed(body)
+            return get(self.adapter.default_path, allow_404=True) if path in ("", JSON_PATH) else ""
+        if path in ("", self.adapter.default_path):
+            with contextlib.suppress(ScrapeError):  # the stats are extra; the text is the scrape
+                self.poll(get)
+        return body
+
+    def poll(self, get: Fetch) -> None:
+        """Drain the JSON iteration stats into :attr:`stats`."""
+        body = get(JSON_PATH, allow_404=True)
+        if _is_json(body):
+            self._feed(body)
+
+    def _feed(self, body: str) -> None:
+        try:
+            stats = json.loads(body)
+        except ValueError as exc:
+            raise ScrapeError(f"trtllm-serve JSON stats are not valid JSON: {exc}") from None
+        self.stats.feed(stats if isinstance(stats, list) else [stats])
+
+    def translate(self, payload: str, ctx: TranslateContext) -> Snapshot:
+        """Prometheus text, or one captured JSON read on its own (``inferwatch exporter translate metrics.json``)."""
+        if not _is_json(payload):
+            return super().translate(payload, ctx)
+        stats = json.loads(payload)
+        self.stats.feed(stats if isinstance(stats, list) else [stats])
+        snap = Snapshot()
+        self.stats.apply(ctx, snap)
+        return snap
+
+    def extend(self, parsed: ParsedText, ctx: TranslateContext, snap: Snapshot) -> None:
+        """The JSON-derived signals the Prometheus payload did not provide."""
+        self.stats.apply(ctx, snap)
 
 
 ADAPTER = EngineAdapter(
@@ -261,19 +354,10 @@ ADAPTER = EngineAdapter(
     extra_samples=(MAX_BLOCKS, TOKENS_PER_BLOCK, MAX_ACTIVE, *CACHE_INFO),
     hook=hook,
     hook_metrics=(V.KV_CACHE_CAPACITY, V.PREFIX_CACHE_QUERIED_TOKENS, V.ENGINE_INFO),
-    default_path="/prometheus/metrics",
+    default_path=PROMETHEUS_PATH,
     info_path="/version",
     parse_info=version_info,
     detect_markers=("trtllm_", 'engine_type="'),
+    claims_json=claims_json,
+    session=TrtllmSession,
 )
-JSON_PATH = "/metrics"
-
-
-def json_only_snapshot(stats: Any, ctx: TranslateContext) -> Snapshot:
-    """Translate one JSON read on its own (``inferwatch exporter translate metrics.json``)."""
-    acc = ctx.state if isinstance(ctx.state, IterationStatsAccumulator) else IterationStatsAccumulator()
-    acc.feed(stats if isinstance(stats, list) else [stats])
-    ctx.state = acc
-    snap = Snapshot()
-    acc.apply(ctx, snap)
-    return snap

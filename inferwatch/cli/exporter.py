@@ -9,19 +9,67 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
 
 from inferwatch.cli.common import err, fail, load_settings, parse_labels
-from inferwatch.core.config import ConfigError, EngineChoice, ExporterConfig, TargetConfig, load_exporter_config
+from inferwatch.core.config import ConfigError
+
+if TYPE_CHECKING:
+    from pydantic import JsonValue
+
+    from inferwatch.exporters.config import ExporterConfig, Problem
+    from inferwatch.exporters.engines import EngineRegistry
 
 exporter_app = typer.Typer(
-    help="Sidecar exporter: re-expose an engine's metrics (vLLM, TGI, TensorRT-LLM, Triton) in the "
-    "canonical llm_* vocabulary.",
+    help="Sidecar exporter: re-expose an inference engine's metrics in the canonical llm_* vocabulary.",
     no_args_is_help=True,
 )
+
+ENGINE_HELP = "auto detects it; `inferwatch exporter engines` lists the engines and their options."
+ENGINE_OPTION_HELP = "An engine option NAME=VALUE (repeatable; `inferwatch exporter engines` lists them)."
+
+
+def parse_engine_options(pairs: list[str] | None) -> dict[str, JsonValue]:
+    """``--engine-option NAME=VALUE`` flags -> options by name (the engine's model converts the values)."""
+    out: dict[str, JsonValue] = {}
+    for pair in pairs or []:
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            raise fail(f"--engine-option expects NAME=VALUE, got {pair!r}")
+        out[name] = value
+    return out
+
+
+def _flag_problems(problems: list[Problem]) -> str:
+    """Problems of an engine and options given as flags, named by flag."""
+    flags = (("options.", "--engine-option "), ("engine", "--engine"))
+    lines = []
+    for loc, msg in problems:
+        for prefix, flag in flags:
+            if loc.startswith(prefix):
+                loc = flag + loc.removeprefix(prefix)
+                break
+        lines.append(f"{loc}: {msg}")
+    return "; ".join(lines)
+
+
+@exporter_app.command("engines")
+def engines_cmd() -> None:
+    """The engines the exporter knows: where it reads each, and the options each takes.
+
+    Give options as --engine-option NAME=VALUE, or in a target's options: mapping of the
+    --config file.
+    """
+    from inferwatch.exporters.engines import builtin_registry
+
+    for adapter in builtin_registry():
+        info = f", facts from {adapter.info_path}" if adapter.info_path else ""
+        sys.stdout.write(f"{adapter.name}: metrics at {adapter.default_path}{info}\n")
+        for name, spec in adapter.options.model_fields.items():
+            sys.stdout.write(f"  option {name} (default {spec.default}): {spec.description}\n")
 
 
 @exporter_app.command("coverage")
@@ -55,17 +103,15 @@ def coverage_cmd(
 def translate(
     file: Annotated[
         str,
-        typer.Argument(help="A captured engine payload (/metrics text or trtllm-serve JSON); - for stdin."),
+        typer.Argument(help="A captured engine payload (Prometheus text, or an engine's JSON stats); - for stdin."),
     ],
-    engine: Annotated[EngineChoice, typer.Option(help="Engine that produced the payload; auto detects it.")] = "auto",
+    engine: Annotated[str, typer.Option(help="Engine that produced the payload; " + ENGINE_HELP)] = "auto",
     model: Annotated[str | None, typer.Option(help="Override the model label.")] = None,
     info: Annotated[
         Path | None,
-        typer.Option(help="The engine's /info (TGI), /version (vLLM, trtllm-serve) or /v2 (Triton) JSON."),
+        typer.Option(help="The JSON of the engine's info endpoint (`inferwatch exporter engines` shows where)."),
     ] = None,
-    max_batch_total_tokens: Annotated[
-        int | None, typer.Option(help="TGI: KV-cache capacity in tokens, to derive the KV usage ratio.")
-    ] = None,
+    engine_option: Annotated[list[str] | None, typer.Option(help=ENGINE_OPTION_HELP)] = None,
     label: Annotated[
         list[str] | None, typer.Option(help="Extra label NAME=VALUE on every series (repeatable).")
     ] = None,
@@ -76,13 +122,18 @@ def translate(
     The output holds canonical llm_* families plus the exporter-health series, exactly as
     `inferwatch exporter serve` would serve them for that payload.
     """
+    from inferwatch.exporters.config import engine_problems, session_options
     from inferwatch.exporters.engines import builtin_registry
     from inferwatch.exporters.mapping import TranslateContext
-    from inferwatch.exporters.offline import UndetectableEngine, render_with_health, resolve_adapter, translate_payload
+    from inferwatch.exporters.offline import UndetectableEngine, render_with_health, resolve_adapter
     from inferwatch.exporters.textparse import ParseError
 
     settings = load_settings()
     registry = builtin_registry()
+    options = parse_engine_options(engine_option)
+    problems = engine_problems(engine, options, registry)
+    if problems:
+        raise fail(_flag_problems(problems))
     try:
         text = sys.stdin.read() if file == "-" else Path(file).read_text()
     except OSError as exc:
@@ -92,6 +143,7 @@ def translate(
         adapter = resolve_adapter(registry, text, engine)
     except UndetectableEngine as exc:
         raise fail(f"{file}: {exc}") from None
+    session = adapter.open(session_options(engine, adapter, options))
     ctx = TranslateContext(
         engine=adapter.name,
         vocabulary=settings.vocabulary(),
@@ -103,10 +155,8 @@ def translate(
             ctx.facts = adapter.parse_info(json.loads(info.read_text()))
         except (OSError, ValueError) as exc:
             raise fail(f"cannot read engine info {info}: {exc}") from None
-    if max_batch_total_tokens:
-        ctx.options = {"max_batch_total_tokens": max_batch_total_tokens}
     try:
-        snap = translate_payload(adapter, text, ctx)
+        snap = session.translate(text, ctx)
     except (ParseError, ValueError) as exc:
         raise fail(f"{file} is not a valid payload: {exc}") from None
     target = "stdin" if file == "-" else Path(file).name
@@ -120,28 +170,28 @@ def translate(
 
 
 def _serve_config(
+    registry: EngineRegistry,
     config: Path | None,
     target: list[str] | None,
-    engine: EngineChoice,
+    engine: str,
     listen: str | None,
     model: str | None,
-    max_batch_total_tokens: int | None,
+    options: dict[str, JsonValue],
     timeout: float,
 ) -> ExporterConfig:
+    from inferwatch.exporters.config import ExporterConfig, TargetConfig, engine_problems, load_exporter_config
+
     try:
         if config is not None:
-            cfg = load_exporter_config(config)
+            cfg = load_exporter_config(config, registry)
             return cfg.model_copy(update={"listen": listen}) if listen else cfg
         if not target:
             raise fail("give --target URL (repeatable) or --config FILE")
+        problems = engine_problems(engine, options, registry)
+        if problems:
+            raise fail(_flag_problems(problems))
         targets = [
-            TargetConfig(
-                url=url,
-                engine=engine,
-                model=model,
-                timeout_seconds=timeout,
-                max_batch_total_tokens=max_batch_total_tokens,
-            )
+            TargetConfig(url=url, engine=engine, model=model, timeout_seconds=timeout, options=options)
             for url in target
         ]
         return ExporterConfig(listen=listen or "127.0.0.1:9400", targets=targets)
@@ -157,14 +207,16 @@ def serve(
         list[str] | None,
         typer.Option(help="Engine URL: base (http://host:8000) or full metrics URL. Repeatable."),
     ] = None,
-    engine: Annotated[EngineChoice, typer.Option(help="Engine of the --target(s); auto detects it.")] = "auto",
+    engine: Annotated[str, typer.Option(help="Engine of the --target(s); " + ENGINE_HELP)] = "auto",
     listen: Annotated[str | None, typer.Option(help="HOST:PORT to serve /metrics on (default 127.0.0.1:9400).")] = None,
     config: Annotated[
         Path | None,
-        typer.Option(help="YAML file listing several targets (url, engine, name, model, labels, ...)."),
+        typer.Option(help="YAML file listing several targets (url, engine, name, model, labels, options, ...)."),
     ] = None,
-    model: Annotated[str | None, typer.Option(help="Override the model label (TGI, Triton).")] = None,
-    max_batch_total_tokens: Annotated[int | None, typer.Option(help="TGI: KV-cache capacity in tokens.")] = None,
+    model: Annotated[
+        str | None, typer.Option(help="Override the model label (for engines whose metrics carry none).")
+    ] = None,
+    engine_option: Annotated[list[str] | None, typer.Option(help=ENGINE_OPTION_HELP)] = None,
     timeout: Annotated[float, typer.Option(help="Seconds to wait for the engine on each scrape.")] = 5.0,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
 ) -> None:
@@ -178,8 +230,10 @@ def serve(
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = load_settings()
-    cfg = _serve_config(config, target, engine, listen, model, max_batch_total_tokens, timeout)
-    exporter = Exporter(config=cfg, registry=builtin_registry(), vocabulary=settings.vocabulary())
+    registry = builtin_registry()
+    options = parse_engine_options(engine_option)
+    cfg = _serve_config(registry, config, target, engine, listen, model, options, timeout)
+    exporter = Exporter(config=cfg, registry=registry, vocabulary=settings.vocabulary())
     try:
         host, port = exporter.start()
     except OSError as exc:

@@ -1,4 +1,4 @@
-"""Serve captured engine payloads over HTTP, as a stand-in engine for demos and tests.
+"""Serve captured engine payloads over HTTP, as a stand-in engine for tests.
 
 ``ReplayServer`` binds 127.0.0.1 on an ephemeral port and answers fixed paths with fixed bodies
 (for example a real vLLM ``/metrics`` capture). It is not a simulator: the bodies never change.
@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-import yaml
+from inferwatch.exporters.engines import EngineRegistry
+from tests.support.fixtures import load_fixture_meta
 
 TEXT = "text/plain; version=0.0.4; charset=utf-8"
 JSON = "application/json"
@@ -67,22 +68,18 @@ class ReplayServer:
             self._thread.join(timeout=5)
 
 
-def fixture_routes(directory: Path) -> tuple[str, dict[str, tuple[str, bytes]]]:
-    """Routes that replay an engine fixture directory (``fixture.yaml`` + payload files).
-
-    Returns the engine name and the routes at the paths the real engine uses.
-    """
-    meta = yaml.safe_load((directory / "fixture.yaml").read_text())
-    engine = str(meta["engine"])
-    payload = (directory / str(meta["payload"])).read_bytes()
+def fixture_routes(directory: Path, registry: EngineRegistry) -> dict[str, tuple[str, bytes]]:
+    """Routes that replay an engine fixture directory (``fixture.yaml`` + payload files) at the
+    paths the real engine uses: a text payload at the engine's metrics path, a JSON one (stats an
+    engine serves beside its text metrics) at ``/metrics``, the info body at its info path."""
+    meta = load_fixture_meta(directory)
+    adapter = registry.get(str(meta["engine"]))
+    payload = str(meta["payload"])
     routes: dict[str, tuple[str, bytes]] = {}
-    if engine == "trtllm" and str(meta["payload"]).endswith(".json"):
-        routes["/metrics"] = (JSON, payload)
-    elif engine == "trtllm":
-        routes["/prometheus/metrics"] = (TEXT, payload)
+    if payload.endswith(".json"):
+        routes["/metrics"] = (JSON, (directory / payload).read_bytes())
     else:
-        routes["/metrics"] = (TEXT, payload)
-    if meta.get("info"):
-        info_path = {"tgi": "/info", "triton": "/v2"}.get(engine, "/version")
-        routes[info_path] = (JSON, (directory / str(meta["info"])).read_bytes())
-    return engine, routes
+        routes[adapter.default_path] = (TEXT, (directory / payload).read_bytes())
+    if meta.get("info") and adapter.info_path is not None:
+        routes[adapter.info_path] = (JSON, (directory / str(meta["info"])).read_bytes())
+    return routes

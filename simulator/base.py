@@ -23,9 +23,10 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 from opentelemetry.trace import Tracer
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from inferwatch.simulator.clock import Clock, SimClock
 from inferwatch.simulator.model import EngineParams, Finish, Sequence, ServingModel, StepReport
 from inferwatch.simulator.profiles import Profile, get_profile
-from inferwatch.simulator.runtime import EngineLoop, LoadGenerator, SimClock, apply_profile, lognormal_int
+from inferwatch.simulator.runtime import EngineLoop, LoadGenerator, apply_profile, lognormal_int
 
 OtlpProtocol = Literal["http/protobuf", "grpc"]
 
@@ -187,13 +188,18 @@ class EngineMetrics:
 
 
 class SimulatedEngine:
-    """The serving model, its clock and loop, the built-in load and the active profile."""
+    """The serving model, its clock and loop, the built-in load and the active profile.
 
-    def __init__(self, settings: SimSettings, span_exporter: SpanExporter | None = None) -> None:
+    The clock is scaled wall time (``settings.speed``) unless one is given (a virtual clock in tests).
+    """
+
+    def __init__(
+        self, settings: SimSettings, span_exporter: SpanExporter | None = None, clock: Clock | None = None
+    ) -> None:
         self.settings = settings
         self.params = settings.params
         self.rng = random.Random(settings.seed)
-        self.clock = SimClock(speed=settings.speed)
+        self.clock: Clock = clock if clock is not None else SimClock(speed=settings.speed)
         self.model = ServingModel(self.params, random.Random(settings.seed + 1))
         self.loop = EngineLoop(self.model, self.clock)
         self.profile: Profile = get_profile(settings.profile).with_rps(settings.load)

@@ -52,9 +52,10 @@ class EngineParams:
     prefix_cache_entries: int = 256
 
 
-@dataclass
+@dataclass(eq=False)
 class Sequence:
-    """One engine request (one of the ``n`` samples of a user request)."""
+    """One engine request (one of the ``n`` samples of a user request); equal only to itself (the scheduler
+    looks sequences up in its queues by identity, which field-by-field equality made quadratic)."""
 
     request_id: str
     prompt_tokens: int

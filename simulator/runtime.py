@@ -1,9 +1,10 @@
-"""Drive the serving model in (scaled) real time, with a built-in load generator.
+"""Drive the serving model on a clock, with a built-in load generator.
 
-``SimClock`` maps wall time to simulated seconds (``speed`` x faster). ``EngineLoop`` runs steps:
-plan at ``now``, sleep until the step's simulated end, complete it, tell the observers (the
-engine's metrics) and the per-request listeners (HTTP streams). ``LoadGenerator`` submits Poisson
-arrivals with log-normal prompt and output lengths from the active :class:`~inferwatch.simulator.profiles.Profile`.
+``EngineLoop`` runs steps: plan at ``now``, wait on the clock until the step's simulated end, complete
+it, tell the observers (the engine's metrics) and the per-request listeners (HTTP streams).
+``LoadGenerator`` submits Poisson arrivals with log-normal prompt and output lengths from the active
+:class:`~inferwatch.simulator.profiles.Profile`. Both take the clock as a parameter
+(:mod:`inferwatch.simulator.clock`): scaled wall time when serving, virtual time in tests.
 """
 
 from __future__ import annotations
@@ -12,33 +13,13 @@ import asyncio
 import contextlib
 import math
 import random
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from inferwatch.simulator.clock import Clock
 from inferwatch.simulator.model import EngineParams, Sequence, ServingModel, StepReport
 from inferwatch.simulator.profiles import Profile
-
-TIMER_SLACK = 0.003
-"""Wall seconds the engine may run ahead of the clock before it sleeps (asyncio timers are ~1 ms)."""
-
-
-@dataclass
-class SimClock:
-    """Simulated seconds since the epoch, running ``speed`` times faster than the wall clock."""
-
-    speed: float = 1.0
-    _wall0: float = field(default_factory=time.monotonic)
-    _epoch0: float = field(default_factory=time.time)
-
-    def now(self) -> float:
-        return self._epoch0 + (time.monotonic() - self._wall0) * self.speed
-
-    async def sleep_until(self, t: float) -> None:
-        delay = (t - self.now()) / self.speed
-        if delay > 0:
-            await asyncio.sleep(delay)
 
 
 class Observer(Protocol):
@@ -51,7 +32,7 @@ class EngineLoop:
     """Runs the serving model; ``submit`` is safe to call from request handlers."""
 
     model: ServingModel
-    clock: SimClock
+    clock: Clock
     observers: list[Observer] = field(default_factory=list)
     _wake: asyncio.Event | None = None
     _task: asyncio.Task[None] | None = None
@@ -77,12 +58,7 @@ class EngineLoop:
         self.model.abort(seq, self.clock.now())
 
     async def _run(self) -> None:
-        """Steps run back to back in simulated time while the engine is busy.
-
-        The loop sleeps only when the engine is ahead of the (scaled) wall clock by more than the
-        timer's granularity, and aims a little early: otherwise each step would cost at least one
-        timer tick of wall time, which at high ``speed`` inflates every simulated latency.
-        """
+        """Steps run back to back in simulated time while the engine is busy; idle, it waits for a submit."""
         assert self._wake is not None
         engine_t = self.clock.now()
         while True:
@@ -92,11 +68,7 @@ class EngineLoop:
                 await self._wake.wait()
                 engine_t = self.clock.now()
                 continue
-            ahead = (report.end - self.clock.now()) / self.clock.speed
-            if ahead > TIMER_SLACK:
-                await asyncio.sleep(ahead - TIMER_SLACK / 2)
-            else:
-                await asyncio.sleep(0)
+            await self.clock.wait_step_end(report.end)
             engine_t = report.end
             done = self.model.complete()
             for obs in self.observers:
@@ -115,7 +87,7 @@ class LoadGenerator:
 
     submit: Callable[[int, int, int, str | None, int], None]
     """(prompt_tokens, max_tokens, output_tokens, prefix_key, prefix_tokens) -> None."""
-    clock: SimClock
+    clock: Clock
     profile: Profile
     max_model_len: int
     rng: random.Random = field(default_factory=lambda: random.Random(0))
@@ -146,13 +118,12 @@ class LoadGenerator:
                 await self._task
 
     async def _run(self) -> None:
+        """Arrivals until the profile's rate drops to 0 (``SimulatedEngine.set_profile`` starts it again)."""
         next_at = self.clock.now()
         while True:
             rps = self.profile.rps
             if rps <= 0:
-                await asyncio.sleep(0.2)
-                next_at = self.clock.now()
-                continue
+                return
             next_at += self.rng.expovariate(rps)
             await self.clock.sleep_until(next_at)
             self.submit(*self.draw())

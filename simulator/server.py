@@ -15,6 +15,7 @@ from opentelemetry.sdk.trace.export import SpanExporter
 from pydantic import BaseModel
 
 from inferwatch.simulator.base import SimSettings, SimulatedEngine
+from inferwatch.simulator.clock import Clock
 from inferwatch.simulator.model import EngineParams
 from inferwatch.simulator.profiles import PROFILES
 
@@ -44,10 +45,13 @@ class ProfileChange(BaseModel):
     rps: float | None = None
 
 
-def create_app(settings: SimSettings, span_exporter: SpanExporter | None = None) -> FastAPI:
-    """The simulated engine's app: its own API plus ``/simulator/profile`` to switch profiles live."""
+def create_app(settings: SimSettings, span_exporter: SpanExporter | None = None, clock: Clock | None = None) -> FastAPI:
+    """The simulated engine's app: its own API plus ``/simulator/profile`` to switch profiles live.
+
+    ``clock``: scaled wall time by default (``settings.speed``); tests pass a virtual clock.
+    """
     factory = engine_factory(settings.engine)
-    engine = SimulatedEngine(settings, span_exporter=span_exporter)
+    engine = SimulatedEngine(settings, span_exporter=span_exporter, clock=clock)
     app, sim = factory(engine)
     app.state.engine = engine
     app.state.sim = sim

@@ -1,4 +1,7 @@
-"""End to end: each profile moves the canonical output (through the real exporter mapping) as it should."""
+"""End to end: each profile moves the canonical output (through the real exporter mapping) as it should.
+
+The simulated engines run on a virtual clock: the test moves simulated time, no wall-clock sleeps.
+"""
 
 from __future__ import annotations
 
@@ -12,10 +15,10 @@ from inferwatch.exporters.engines import builtin_registry
 from inferwatch.exporters.mapping import TranslateContext, translate_text
 from inferwatch.exporters.model import Snapshot
 from inferwatch.simulator.base import SimSettings
+from inferwatch.simulator.clock import VirtualClock
 from inferwatch.simulator.server import create_app, default_params
 from tests.conftest import in_process
 
-SPEED = 25.0
 SIM_SECONDS = 40.0
 METRICS_PATH = {"trtllm": "/prometheus/metrics"}
 
@@ -23,7 +26,7 @@ METRICS_PATH = {"trtllm": "/prometheus/metrics"}
 def run_profile(profile: str, engine: str = "vllm", switch_to: str | None = None) -> tuple[Snapshot, Snapshot]:
     """Run ``profile`` for SIM_SECONDS (and optionally switch); return the canonical snapshots."""
     params = default_params(engine)
-    s = SimSettings(engine=engine, model="m", profile=profile, speed=SPEED, seed=3, params=params)
+    s = SimSettings(engine=engine, model="m", profile=profile, seed=3, params=params)
     adapter = builtin_registry().get(engine)
 
     path = METRICS_PATH.get(engine, "/metrics")
@@ -34,14 +37,15 @@ def run_profile(profile: str, engine: str = "vllm", switch_to: str | None = None
         return translate_text(adapter, text, ctx, session.extend)
 
     async def main() -> tuple[Snapshot, Snapshot]:
-        app = create_app(s)
+        clock = VirtualClock()
+        app = create_app(s, clock=clock)
         async with in_process(app, timeout=5) as client:
-            await asyncio.sleep(SIM_SECONDS / SPEED)
+            await clock.advance(SIM_SECONDS)
             first = canon((await client.get(path)).text)
             if switch_to:
                 r = await client.post("/simulator/profile", json={"profile": switch_to})
                 assert r.status_code == 200
-            await asyncio.sleep(SIM_SECONDS / SPEED)
+            await clock.advance(SIM_SECONDS)
             return first, canon((await client.get(path)).text)
 
     return asyncio.run(main())

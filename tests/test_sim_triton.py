@@ -1,7 +1,8 @@
 """The simulated Triton + TensorRT-LLM backend: wire fidelity against the catalog fixture, the generate
 extension's shapes, and inferwatch's Triton adapter reading it as load is applied.
 
-Raw Triton names are read from the engine module's constants (never spelled here: see test_drift).
+Raw Triton names are read from the engine package's constants (never spelled here: see test_drift). The tests
+run in virtual time: simulated time moves whenever every task waits, and samples are taken on that clock.
 """
 
 from __future__ import annotations
@@ -9,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -20,6 +20,7 @@ from inferwatch.exporters.engines import builtin_registry
 from inferwatch.exporters.mapping import TranslateContext, translate_text
 from inferwatch.exporters.model import Snapshot
 from inferwatch.simulator.base import SimSettings, count_tokens
+from inferwatch.simulator.clock import VirtualClock, run_virtual
 from inferwatch.simulator.engines.triton import metrics as T
 from inferwatch.simulator.engines.triton import repository as R
 from inferwatch.simulator.engines.triton.api import VERSION
@@ -37,7 +38,6 @@ def settings(**kw: Any) -> SimSettings:
         "engine": "triton",
         "model": "tiny-llama",
         "load": 0,
-        "speed": 50.0,
         "seed": 3,
         "params": EngineParams(max_model_len=1024, num_blocks=64, block_size=16),
     }
@@ -49,12 +49,14 @@ Fn = Callable[[httpx.AsyncClient, Any], Awaitable[Any]]
 
 
 def run_app(s: SimSettings, fn: Fn) -> Any:
-    async def main() -> Any:
-        app = create_app(s)
+    """``fn(client, app)`` against the app in-process, in virtual time (``app.state.engine.clock``)."""
+
+    async def main(clock: VirtualClock) -> Any:
+        app = create_app(s, clock=clock)
         async with in_process(app) as client:
             return await fn(client, app)
 
-    return asyncio.run(main())
+    return run_virtual(main)
 
 
 def events(body: str) -> list[dict[str, Any]]:
@@ -299,6 +301,7 @@ def test_exporter_follows_concurrent_requests() -> None:
     assert 200 <= prompt_tokens <= 500, "a few requests fill the 64 blocks of 16 tokens"
 
     async def fn(client: httpx.AsyncClient, app: Any) -> dict[str, Any]:
+        clock: VirtualClock = app.state.engine.clock
         seen: dict[str, Any] = {"idle": (await client.get("/metrics")).text, "running": 0.0, "waiting": 0.0, "kv": 0.0}
         body = {"text_input": prompt, "max_tokens": 40, "min_tokens": 40}
         tasks = [asyncio.create_task(client.post(f"{ENSEMBLE}/generate", json=body)) for _ in range(n)]
@@ -307,7 +310,7 @@ def test_exporter_follows_concurrent_requests() -> None:
             seen["running"] = max(seen["running"], snap.value(V.REQUESTS_RUNNING))
             seen["waiting"] = max(seen["waiting"], snap.value(V.REQUESTS_WAITING))
             seen["kv"] = max(seen["kv"], snap.value(V.KV_CACHE_USAGE))
-            await asyncio.sleep(0.002)
+            await clock.sleep(0.01)
         assert all(t.result().status_code == 200 for t in tasks)
         seen["final"] = (await client.get("/metrics")).text
         return seen
@@ -342,18 +345,19 @@ def test_builtin_load_moves_canonical_metrics() -> None:
         r = await client.post("/simulator/profile", json={"profile": "kv-pressure"})
         assert r.status_code == 200 and r.json()["rps"] > 0
         peak = {"running": 0.0, "kv": 0.0, "requests": 0.0}
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
+        clock: VirtualClock = app.state.engine.clock
+        deadline = clock.now() + 400
+        while clock.now() < deadline:
             snap = triton((await client.get("/metrics")).text)
             peak["running"] = max(peak["running"], snap.value(V.REQUESTS_RUNNING))
             peak["kv"] = max(peak["kv"], snap.value(V.KV_CACHE_USAGE))
             peak["requests"] = snap.value(V.REQUESTS)
             if peak["requests"] >= 2 and peak["kv"] > 0.5:
                 break
-            await asyncio.sleep(0.05)
+            await clock.sleep(0.5)
         return before, peak
 
-    before, peak = run_app(settings(params=params, speed=40.0), fn)
+    before, peak = run_app(settings(params=params), fn)
     assert before.value(V.REQUESTS) == before.value(V.REQUESTS_RUNNING) == 0
     assert peak["running"] >= 1
     assert peak["kv"] > 0.5, "kv-pressure fills the KV cache"

@@ -1,6 +1,7 @@
 """The simulated trtllm-serve: Gen C exposition and JSON stats faithful to the fixtures, the destructive
 ``/metrics`` read, the collector-loop quirk, the OpenAI API with the official client, the exporter's
-mapping and the OTLP spans. Raw metric names come from the fixture or from the engine module."""
+mapping and the OTLP spans. Raw metric names come from the fixture or from the engine package. In-process tests
+run in virtual time; the official client talks to a real socket in scaled wall time."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from inferwatch.exporters.engines.trtllm import IterationStatsAccumulator
 from inferwatch.exporters.mapping import TranslateContext, translate_text
 from inferwatch.exporters.model import Snapshot
 from inferwatch.simulator.base import SimSettings, SimulatedEngine
+from inferwatch.simulator.clock import VirtualClock, run_virtual
 from inferwatch.simulator.engines.trtllm import api as trtllm
 from inferwatch.simulator.engines.trtllm.catalog import NUM_REQUESTS_RUNNING, SCHEDULED_BATCH_SIZE
 from inferwatch.simulator.engines.trtllm.spans import SCOPE, SPAN_NAME
@@ -44,9 +46,9 @@ def settings(**kw: Any) -> SimSettings:
 
 
 def sim_client(
-    s: SimSettings | None = None, exporter: InMemorySpanExporter | None = None
+    clock: VirtualClock, s: SimSettings | None = None, exporter: InMemorySpanExporter | None = None
 ) -> AbstractAsyncContextManager[httpx.AsyncClient]:
-    return in_process(create_app(s or settings(), span_exporter=exporter), timeout=30)
+    return in_process(create_app(s or settings(), span_exporter=exporter, clock=clock), timeout=30)
 
 
 async def chat(client: httpx.AsyncClient, user: str, max_tokens: int = 24, **extra: Any) -> dict[str, Any]:
@@ -70,8 +72,8 @@ async def complete(client: httpx.AsyncClient, max_tokens: int = 8) -> dict[str, 
 def workload() -> tuple[str, list[dict[str, Any]]]:
     """Every Gen C family touched: prefix reuse, speculation, a stream, a client error."""
 
-    async def run() -> tuple[str, list[dict[str, Any]]]:
-        async with sim_client() as client:
+    async def run(clock: VirtualClock) -> tuple[str, list[dict[str, Any]]]:
+        async with sim_client(clock) as client:
             await chat(client, "first question", max_tokens=40)
             await chat(client, "second question", max_tokens=40)  # reuses the system prompt's blocks
             body = {
@@ -88,7 +90,7 @@ def workload() -> tuple[str, list[dict[str, Any]]]:
             stats = (await client.get(trtllm.JSON_PATH)).json()
             return text, stats
 
-    return asyncio.run(run())
+    return run_virtual(run)
 
 
 def helps(text: str) -> dict[str, str]:
@@ -138,20 +140,20 @@ def test_json_iteration_stats_have_the_fixture_keys() -> None:
 
 
 def test_without_speculation_spec_stats_are_null() -> None:
-    async def run() -> tuple[str, list[dict[str, Any]]]:
-        app, _ = trtllm.create(SimulatedEngine(settings()), speculation=None)
+    async def run(clock: VirtualClock) -> tuple[str, list[dict[str, Any]]]:
+        app, _ = trtllm.create(SimulatedEngine(settings(), clock=clock), speculation=None)
         async with in_process(app, timeout=30) as client:
             await complete(client)
             return (await client.get(trtllm.PROMETHEUS_PATH)).text, (await client.get(trtllm.JSON_PATH)).json()
 
-    text, stats = asyncio.run(run())
+    text, stats = run_virtual(run)
     assert stats and all(s["specDecodingStats"] is None for s in stats)
     assert not [name for name in schema(text) if "spec" in name]
 
 
 def test_destructive_read_and_accumulator() -> None:
-    async def run() -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
-        async with sim_client() as client:
+    async def run(clock: VirtualClock) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+        async with sim_client(clock) as client:
             await complete(client)
             first = (await client.get(trtllm.JSON_PATH)).json()
             again = (await client.get(trtllm.JSON_PATH)).json()
@@ -159,7 +161,7 @@ def test_destructive_read_and_accumulator() -> None:
             second = (await client.get(trtllm.JSON_PATH)).json()
             return first, again, second
 
-    first, again, second = asyncio.run(run())
+    first, again, second = run_virtual(run)
     assert first and second and again == []
     iters_a, iters_b = [s["iter"] for s in first], [s["iter"] for s in second]
     assert not set(iters_a) & set(iters_b)
@@ -173,20 +175,20 @@ def test_destructive_read_and_accumulator() -> None:
 
 
 def test_iteration_stats_move_only_when_a_request_finishes() -> None:
-    async def run() -> tuple[list[dict[str, Any]], str, list[dict[str, Any]], str]:
-        app = create_app(settings())
+    async def run(clock: VirtualClock) -> tuple[list[dict[str, Any]], str, list[dict[str, Any]], str]:
+        app = create_app(settings(), clock=clock)
         engine = app.state.engine
         async with in_process(app, timeout=30) as client:
             task = asyncio.create_task(complete(client, max_tokens=400))
             while engine.model.step_count < 30:
-                await asyncio.sleep(0.005)
+                await clock.sleep(0.005)
             during = (await client.get(trtllm.JSON_PATH)).json()
             text_during = (await client.get(trtllm.PROMETHEUS_PATH)).text
             await task
             after = (await client.get(trtllm.JSON_PATH)).json()
             return during, text_during, after, (await client.get(trtllm.PROMETHEUS_PATH)).text
 
-    during, text_during, after, text_after = asyncio.run(run())
+    during, text_during, after, text_after = run_virtual(run)
     assert during == []
     assert NUM_REQUESTS_RUNNING not in schema(text_during)
     assert SCHEDULED_BATCH_SIZE in schema(text_during)  # the worker publishes every step
@@ -235,14 +237,14 @@ def translate(text: str) -> Snapshot:
 
 
 def test_exporter_maps_the_simulator() -> None:
-    async def run() -> tuple[str, str, list[dict[str, Any]]]:
-        async with sim_client() as client:
+    async def run(clock: VirtualClock) -> tuple[str, str, list[dict[str, Any]]]:
+        async with sim_client(clock) as client:
             before = (await client.get(trtllm.PROMETHEUS_PATH)).text
             results = [await complete(client, max_tokens=5), await chat(client, "hello", max_tokens=6)]
             after = (await client.get(trtllm.PROMETHEUS_PATH)).text
             return before, after, results
 
-    before, after, results = asyncio.run(run())
+    before, after, results = run_virtual(run)
     snap0, snap1 = translate(before), translate(after)
     assert snap0.value(V.REQUESTS) == 0
     assert snap1.value(V.REQUESTS) == 2
@@ -258,8 +260,8 @@ def test_exporter_maps_the_simulator() -> None:
 
 
 def test_engine_failures_are_http_500_and_counted() -> None:
-    async def run() -> tuple[list[httpx.Response], str]:
-        async with sim_client(settings(profile="errors")) as client:
+    async def run(clock: VirtualClock) -> tuple[list[httpx.Response], str]:
+        async with sim_client(clock, settings(profile="errors")) as client:
             failures: list[httpx.Response] = []
             for _ in range(60):
                 r = await client.post("/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 2})
@@ -269,7 +271,7 @@ def test_engine_failures_are_http_500_and_counted() -> None:
                     break
             return failures, (await client.get(trtllm.PROMETHEUS_PATH)).text
 
-    failures, text = asyncio.run(run())
+    failures, text = run_virtual(run)
     assert len(failures) == 2 and all(r.status_code == 500 for r in failures)
     assert failures[0].json()["object"] == "error" and failures[0].json()["code"] == 500
     assert translate(text).value(V.REQUESTS, **{V.LABEL_OUTCOME: V.OUTCOME_ERROR}) == 2
@@ -279,8 +281,8 @@ def test_spans_carry_usage_and_honour_traceparent() -> None:
     exporter = InMemorySpanExporter()
     trace_id, parent_id = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
 
-    async def run() -> dict[str, Any]:
-        async with sim_client(exporter=exporter) as client:
+    async def run(clock: VirtualClock) -> dict[str, Any]:
+        async with sim_client(clock, exporter=exporter) as client:
             headers = {"traceparent": f"00-{trace_id}-{parent_id}-01"}
             messages = [{"role": "user", "content": "trace me"}]
             body = {"model": MODEL, "messages": messages, "max_tokens": 6, "temperature": 0.5, "top_p": 0.9}
@@ -289,7 +291,7 @@ def test_spans_carry_usage_and_honour_traceparent() -> None:
             result: dict[str, Any] = r.json()
             return result
 
-    result = asyncio.run(run())
+    result = run_virtual(run)
     spans = exporter.get_finished_spans()
     assert len(spans) == 1
     span = spans[0]

@@ -1,8 +1,10 @@
-"""The simulated vLLM: wire fidelity against the real 0.32.0 capture, API shapes, spans, exporter."""
+"""The simulated vLLM: wire fidelity against the real 0.32.0 capture, API shapes, spans, exporter.
+
+In-process tests run in virtual time; the official client talks to a real socket in scaled wall time.
+"""
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -15,6 +17,7 @@ from inferwatch.core import vocabulary as V
 from inferwatch.exporters.engines import builtin_registry
 from inferwatch.exporters.mapping import TranslateContext, translate_text
 from inferwatch.simulator.base import SimSettings
+from inferwatch.simulator.clock import VirtualClock, run_virtual
 from inferwatch.simulator.model import EngineParams
 from inferwatch.simulator.server import create_app
 from tests.conftest import ENGINE_FIXTURES, in_process, served_in_thread
@@ -53,12 +56,14 @@ async def _workload(client: httpx.AsyncClient) -> None:
 
 
 def run_app(s: SimSettings, fn: Any, exporter: InMemorySpanExporter | None = None) -> Any:
-    async def main() -> Any:
-        app = create_app(s, span_exporter=exporter)
+    """``fn(client, app)`` against the app in-process, in virtual time (it moves whenever every task waits)."""
+
+    async def main(clock: VirtualClock) -> Any:
+        app = create_app(s, span_exporter=exporter, clock=clock)
         async with in_process(app) as client:
             return await fn(client, app)
 
-    return asyncio.run(main())
+    return run_virtual(main)
 
 
 def test_metrics_match_the_real_capture() -> None:

@@ -1,4 +1,8 @@
-"""The simulated TGI: wire fidelity of /metrics, the HTTP API, timing headers and the request trace."""
+"""The simulated TGI: wire fidelity of /metrics, the HTTP API, timing headers and the request trace.
+
+In-process tests run in virtual time (clients that go away speak raw ASGI); the official client talks to
+a real socket in scaled wall time.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +10,7 @@ import asyncio
 import json
 import re
 import socket
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, MutableMapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +27,7 @@ from inferwatch.core import vocabulary as V
 from inferwatch.exporters.engines import builtin_registry
 from inferwatch.exporters.mapping import TranslateContext, translate_text
 from inferwatch.simulator.base import SimSettings
+from inferwatch.simulator.clock import VirtualClock, run_virtual
 from inferwatch.simulator.engines.tgi import metrics as tgi
 from inferwatch.simulator.engines.tgi.protocol import GENERATION_ERROR, parse_rust_duration, rust_duration, rust_f64
 from inferwatch.simulator.server import create_app
@@ -65,13 +70,57 @@ async def serve(app: FastAPI) -> AsyncIterator[str]:
         sock.close()
 
 
-async def until(cond: Callable[[], Any], timeout: float = 5.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
+async def until(clock: VirtualClock, cond: Callable[[], Any], timeout: float = 5.0) -> None:
+    """Wait until ``cond()`` holds, sampling it every simulated millisecond (at most ``timeout`` s)."""
+    deadline = clock.now() + timeout
     while not cond():
-        if loop.time() > deadline:
+        if clock.now() > deadline:
             raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.005)
+        await clock.sleep(0.001)
+
+
+async def leaving_client(app: FastAPI, path: str, body: Any, leave: asyncio.Event, after_events: int = 0) -> int:
+    """POST ``body`` over raw ASGI and go away once ``leave`` is set (or after ``after_events`` SSE events);
+    the response status. httpx's in-process transport buffers whole responses, so it cannot leave."""
+    payload = json.dumps(body).encode()
+    sent = False
+    status = 0
+    events = 0
+
+    async def receive() -> dict[str, Any]:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": payload, "more_body": False}
+        await leave.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: MutableMapping[str, Any]) -> None:
+        nonlocal status, events
+        if message["type"] == "http.response.start":
+            status = message["status"]
+        elif message["type"] == "http.response.body":
+            events += message.get("body", b"").count(b"data:")
+            if after_events and events >= after_events:
+                leave.set()
+
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0", "spec_version": "2.3"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())],
+        "client": ("127.0.0.1", 40000),
+        "server": ("sim", 80),
+        "state": {},
+    }
+    await app(scope, receive, send)
+    return status
 
 
 def sse_events(body: str) -> list[Any]:
@@ -100,10 +149,10 @@ class Workload:
     chat_stream: list[Any]
 
 
-async def run_workload() -> Workload:
-    app = create_app(settings())
+async def run_workload(clock: VirtualClock) -> Workload:
+    app = create_app(settings(), clock=clock)
     engine = app.state.engine
-    async with serve(app) as base, httpx.AsyncClient(base_url=base, timeout=10) as c:
+    async with in_process(app) as c:
         empty = await c.get("/metrics")
         assert (await c.post("/generate", json=gen(max_new_tokens=6, details=True))).status_code == 200
         stream = await c.post("/generate_stream", json=gen(max_new_tokens=5, details=True))
@@ -116,7 +165,7 @@ async def run_workload() -> Workload:
         )
         # a request joining a running batch (a chunking concat)
         long = asyncio.create_task(c.post("/generate", json=gen(max_new_tokens=300)))
-        await until(lambda: engine.model.running)
+        await until(clock, lambda: engine.model.running)
         assert (await c.post("/generate", json=gen(max_new_tokens=3))).status_code == 200
         assert (await long).status_code == 200
         validation = await c.post("/generate", json=gen("word " * 5000, max_new_tokens=5))
@@ -125,15 +174,12 @@ async def run_workload() -> Workload:
         stream_error = await c.post("/generate_stream", json=gen(max_new_tokens=5))
         engine.params.error_rate = 0.0
         # clients that leave: one waiting for a plain response, one mid-stream
-        impatient = asyncio.create_task(c.post("/generate", json=gen(max_new_tokens=400)))
-        await until(lambda: engine.model.running)
-        impatient.cancel()
-        async with c.stream("POST", "/generate_stream", json=gen(max_new_tokens=400)) as r:
-            seen = 0
-            async for line in r.aiter_lines():
-                seen += line.startswith("data:")
-                if seen == 2:
-                    break
+        leave = asyncio.Event()
+        impatient = asyncio.create_task(leaving_client(app, "/generate", gen(max_new_tokens=400), leave))
+        await until(clock, lambda: engine.model.running)
+        leave.set()
+        assert await impatient == 499
+        assert await leaving_client(app, "/generate_stream", gen(max_new_tokens=400), asyncio.Event(), 2) == 200
         scrapes: list[str] = []
 
         async def dropped() -> bool:
@@ -143,7 +189,7 @@ async def run_workload() -> Workload:
         for _ in range(400):
             if await dropped():
                 break
-            await asyncio.sleep(0.005)
+            await clock.sleep(0.005)
         for _ in range(4):
             scrapes.append((await c.get("/metrics")).text)
         info = (await c.get("/info")).json()
@@ -161,7 +207,7 @@ async def run_workload() -> Workload:
 
 @pytest.fixture(scope="module")
 def workload() -> Workload:
-    return asyncio.run(run_workload())
+    return run_virtual(run_workload)
 
 
 def test_empty_body_before_the_first_request(workload: Workload) -> None:
@@ -242,11 +288,11 @@ def test_bucket_bounds_match_the_router(workload: Workload) -> None:
 
 
 def test_info() -> None:
-    async def run() -> httpx.Response:
-        async with in_process(create_app(settings())) as c:
+    async def run(clock: VirtualClock) -> httpx.Response:
+        async with in_process(create_app(settings(), clock=clock)) as c:
             return await c.get("/info")
 
-    r = asyncio.run(run())
+    r = run_virtual(run)
     info = r.json()
     assert list(info) == [
         "model_id",
@@ -294,14 +340,14 @@ def test_official_text_generation_client() -> None:
 
 # -- timing headers ------------------------------------------------------------------------------------
 def test_timing_headers() -> None:
-    async def run() -> tuple[httpx.Response, httpx.Response, httpx.Response]:
-        async with in_process(create_app(settings())) as c:
+    async def run(clock: VirtualClock) -> tuple[httpx.Response, httpx.Response, httpx.Response]:
+        async with in_process(create_app(settings(), clock=clock)) as c:
             plain = await c.post("/generate", json=gen(max_new_tokens=7, details=True))
             stream = await c.post("/generate_stream", json=gen(max_new_tokens=3))
             chat = await c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})
             return plain, stream, chat
 
-    plain, stream, chat = asyncio.run(run())
+    plain, stream, chat = run_virtual(run)
     h = plain.headers
     details = plain.json()["details"]
     assert int(h["x-generated-tokens"]) == details["generated_tokens"] == len(details["tokens"])
@@ -324,9 +370,9 @@ def test_timing_headers() -> None:
 def test_exporter_maps_the_simulated_metrics() -> None:
     registry = builtin_registry()
 
-    async def run() -> tuple[list[str], list[httpx.Response], dict[str, Any]]:
+    async def run(clock: VirtualClock) -> tuple[list[str], list[httpx.Response], dict[str, Any]]:
         texts, responses = [], []
-        async with in_process(create_app(settings())) as c:
+        async with in_process(create_app(settings(), clock=clock)) as c:
             await c.post("/generate", json=gen(max_new_tokens=4))
             texts.append((await c.get("/metrics")).text)
             for n in (3, 5, 8):
@@ -335,7 +381,7 @@ def test_exporter_maps_the_simulated_metrics() -> None:
             info = (await c.get("/info")).json()
         return texts, responses, info
 
-    (before, after), responses, info = asyncio.run(run())
+    (before, after), responses, info = run_virtual(run)
     adapter = registry.detect(before)
     assert adapter is not None and adapter.name == V.ENGINE_TGI
     parse_info = adapter.parse_info
@@ -365,8 +411,8 @@ DEBUG_DURATION = re.compile(r"^[0-9]+(\.[0-9]+)?(ns|µs|ms|s)$")
 def test_request_trace() -> None:
     exporter = InMemorySpanExporter()
 
-    async def run() -> tuple[httpx.Response, httpx.Response]:
-        async with in_process(create_app(settings(), span_exporter=exporter)) as c:
+    async def run(clock: VirtualClock) -> tuple[httpx.Response, httpx.Response]:
+        async with in_process(create_app(settings(), span_exporter=exporter, clock=clock)) as c:
             plain = await c.post(
                 "/generate",
                 json=gen(max_new_tokens=6),
@@ -379,7 +425,7 @@ def test_request_trace() -> None:
             )
             return plain, stream
 
-    plain, stream = asyncio.run(run())
+    plain, stream = run_virtual(run)
     spans = exporter.get_finished_spans()
     assert all(s.kind is SpanKind.INTERNAL for s in spans)
     assert {s.resource.attributes["service.name"] for s in spans} == {"text-generation-inference.router"}

@@ -25,9 +25,8 @@ def test_vllm_serve_flags_and_defaults() -> None:
     assert cfg.value(Knob.KV_CACHE_DTYPE) == "fp8"
     assert cfg.value(Knob.TENSOR_PARALLEL) == 2
     assert cfg.value(Knob.PREFIX_CACHING) is False
-    assert (
-        cfg.get(Knob.PREFIX_CACHING) is not None and cfg.get(Knob.PREFIX_CACHING).source == "--no-enable-prefix-caching"
-    )  # type: ignore[union-attr]
+    prefix = cfg.get(Knob.PREFIX_CACHING)
+    assert prefix is not None and prefix.source == "--no-enable-prefix-caching"
     # absent flags take vLLM's defaults
     chunked = cfg.get(Knob.CHUNKED_PREFILL)
     assert chunked is not None and chunked.value is True and not chunked.explicit

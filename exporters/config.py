@@ -123,7 +123,16 @@ def _option_problems(adapter: EngineAdapter, options: OptionValues) -> list[Prob
     try:
         adapter.options.model_validate(options)
     except ValidationError as exc:
-        return [(_loc(("options", *err["loc"])), f"{err['msg']} ({adapter.name} option)") for err in exc.errors()]
+        takes = ", ".join(adapter.options.model_fields) or "none"
+        return [
+            (
+                _loc(("options", *err["loc"])),
+                f"not an option of {adapter.name} (its options: {takes})"
+                if err["type"] == "extra_forbidden"
+                else f"{err['msg']} ({adapter.name} option)",
+            )
+            for err in exc.errors()
+        ]
     return []
 
 

@@ -177,9 +177,11 @@ class VirtualClock:
                 return
 
 
-def run_virtual(main: Callable[[VirtualClock], Coroutine[Any, Any, T]], limit: float = RUN_LIMIT) -> T:
+def run_virtual(
+    main: Callable[[VirtualClock], Coroutine[Any, Any, T]], limit: float = RUN_LIMIT, start: float = VIRTUAL_EPOCH
+) -> T:
     """``asyncio.run`` of ``main(clock)`` on a fresh :class:`VirtualClock` driven by :meth:`VirtualClock.run`."""
-    clock = VirtualClock()
+    clock = VirtualClock(start)
 
     async def driven() -> T:
         return await clock.run(main(clock), limit)

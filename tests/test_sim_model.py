@@ -1,16 +1,19 @@
-"""Invariants of the serving model, driven in virtual time (fast and seeded)."""
+"""Invariants of the serving model, driven in virtual time (fast and seeded), and the virtual clock itself."""
 
 from __future__ import annotations
 
+import asyncio
 import random
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from inferwatch.simulator.base import SimSettings, SimulatedEngine
+from inferwatch.simulator.clock import VirtualClock, run_virtual
 from inferwatch.simulator.model import EngineParams, Finish, Sequence, ServingModel, StepReport
 from inferwatch.simulator.profiles import PROFILES
-from inferwatch.simulator.runtime import lognormal_int
+from inferwatch.simulator.runtime import EngineLoop, lognormal_int
 
 
 def run(
@@ -166,3 +169,94 @@ def test_invariants_hold_for_any_capacity(blocks: int, seqs: int, seed: int) -> 
 def test_profiles_are_well_formed() -> None:
     for name, p in PROFILES.items():
         assert p.name == name and p.rps >= 0 and p.description
+
+
+# -- the virtual clock, and the engine loop and load generator on it ------------------------------------
+def test_virtual_clock_fires_timers_in_order() -> None:
+    fired: list[tuple[str, float]] = []
+
+    async def main() -> None:
+        clock = VirtualClock(start=100.0)
+
+        async def sleeper(name: str, t: float) -> None:
+            await clock.sleep_until(t)
+            fired.append((name, clock.now()))
+
+        tasks = [asyncio.create_task(sleeper(n, t)) for n, t in (("c", 103.0), ("a", 101.0), ("b", 103.0))]
+        await clock.advance(2.5)
+        assert fired == [("a", 101.0)] and clock.now() == 102.5 and clock.timers == 2
+        await clock.advance(10)
+        assert fired == [("a", 101.0), ("c", 103.0), ("b", 103.0)]  # ties in the order they were set
+        assert clock.now() == 112.5 and clock.timers == 0
+        await asyncio.gather(*tasks)
+        with pytest.raises(ValueError, match="backwards"):
+            await clock.advance(-1)
+
+    asyncio.run(main())
+
+
+def test_virtual_clock_run_moves_time_until_done() -> None:
+    async def main() -> None:
+        clock = VirtualClock(start=0.0)
+
+        async def work() -> float:
+            await clock.sleep(3.0)
+            await clock.sleep(0.5)
+            return clock.now()
+
+        assert await clock.run(work()) == 3.5
+        with pytest.raises(TimeoutError):
+            await clock.run(clock.sleep(100.0), limit=10.0)
+        with pytest.raises(RuntimeError, match="nothing left"):
+            await clock.run(asyncio.Event().wait())  # waits on something that never comes
+
+        async def nested() -> None:
+            await clock.advance(1.0)
+
+        with pytest.raises(RuntimeError, match="do not nest"):
+            await clock.run(nested())
+
+    asyncio.run(main())
+
+
+def test_engine_loop_on_the_virtual_clock_matches_the_model_stepped_by_hand() -> None:
+    """The loop plans each step when the previous one ends (or at the arrival that wakes it): the same schedule
+    as :func:`run`, token for token."""
+    params = EngineParams(num_blocks=200, max_num_seqs=8)
+    arrivals = poisson(random.Random(13), 10.0, 80, 200, 60)
+    _, by_hand, _ = run(params, arrivals)
+
+    async def main(clock: VirtualClock) -> list[Sequence]:
+        loop = EngineLoop(ServingModel(params, random.Random(1)), clock)
+        loop.start()
+        seqs: list[Sequence] = []
+        for i, (t, prompt, max_tokens, output) in enumerate(sorted(arrivals)):
+            await clock.sleep_until(t)
+            seqs.append(Sequence(f"r{i}", prompt, max_tokens, output, arrival=clock.now()))
+            loop.submit(seqs[-1])
+        while not loop.model.idle:
+            await clock.sleep(1.0)
+        await loop.stop()
+        return seqs
+
+    on_clock = run_virtual(main, start=0.0)
+    assert [s.token_times for s in on_clock] == [s.token_times for s in by_hand]
+    assert [s.finish for s in on_clock] == [s.finish for s in by_hand]
+
+
+def test_load_generator_follows_the_profile_and_stops_at_rate_zero() -> None:
+    async def main(clock: VirtualClock) -> None:
+        engine = SimulatedEngine(SimSettings(engine="vllm", profile="steady", seed=5), clock=clock)
+        await engine.start()
+        await clock.sleep(100.0)
+        sent = engine.load.sent
+        assert 300 < sent < 500  # Poisson arrivals at the profile's 4 requests/s
+        engine.set_profile("steady", rps=0)
+        await clock.sleep(50.0)
+        assert engine.load.sent <= sent + 1 and engine.load._task is not None and engine.load._task.done()
+        engine.set_profile("kv-pressure")
+        await clock.sleep(10.0)
+        assert engine.load.sent > sent + 50
+        await engine.stop()
+
+    run_virtual(main)

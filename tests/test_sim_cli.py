@@ -1,17 +1,28 @@
-"""`inferwatch simulate` and `inferwatch demo` as users run them (real processes on 127.0.0.1)."""
+"""`inferwatch simulate` and `inferwatch demo` as users run them (real processes on 127.0.0.1).
+
+Only the processes a test starts are checked and stopped: by their own ids and process groups, never by
+matching command lines (which would catch other users' simulators).
+"""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
+import pytest
 
 from inferwatch.core import vocabulary as V
 from tests.conftest import ROOT, free_port
+
+PROC = Path("/proc")
+Process = tuple[int, int]
+"""(pid, start time in clock ticks since boot): a process, told apart from a later one with the same pid."""
 
 
 def test_simulate_serves_and_switches_profile() -> None:
@@ -51,8 +62,9 @@ def test_simulate_serves_and_switches_profile() -> None:
         r = httpx.post(url + "/simulator/profile", json={"profile": "kv-pressure"})
         assert r.status_code == 200 and r.json()["profile"] == "kv-pressure"
         assert httpx.post(url + "/simulator/profile", json={"profile": "nope"}).status_code == 400
-        time.sleep(1.0)
-        assert httpx.get(url + "/simulator/state").json()["load_sent"] > 0
+        while httpx.get(url + "/simulator/state").json()["load_sent"] == 0:
+            assert time.monotonic() < deadline, "the built-in load sent nothing"
+            time.sleep(0.1)
     finally:
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=20)
@@ -71,17 +83,92 @@ def test_simulate_help_and_profiles() -> None:
         assert name in out.stdout
 
 
-def test_demo_runs_the_fleet_and_stops_everything() -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "inferwatch", "demo", "--duration", "12", "--profile", "kv-pressure", "--speed", "3"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        env={**os.environ, "COLUMNS": "200"},
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    final = proc.stdout.split("final state")[-1]
+def _stat(pid: int) -> tuple[int, str, int] | None:
+    """(parent pid, state, start time) of a process from ``/proc/<pid>/stat``; None once it is gone."""
+    try:
+        text = (PROC / str(pid) / "stat").read_text()
+    except OSError:
+        return None
+    fields = text[text.rindex(")") + 2 :].split()  # the command name in parentheses may hold spaces
+    return int(fields[1]), fields[0], int(fields[19])
+
+
+def alive(process: Process) -> bool:
+    stat = _stat(process[0])
+    return stat is not None and stat[2] == process[1] and stat[1] != "Z"
+
+
+def descendants(root: int) -> dict[Process, str]:
+    """Every live descendant of ``root`` (children, their children, ...) with its command line."""
+    parents: dict[int, list[Process]] = {}
+    for entry in PROC.iterdir():
+        stat = _stat(int(entry.name)) if entry.name.isdigit() else None
+        if stat is not None and stat[1] != "Z":
+            parents.setdefault(stat[0], []).append((int(entry.name), stat[2]))
+    found: dict[Process, str] = {}
+    frontier = [root]
+    while frontier:
+        for child in parents.get(frontier.pop(), []):
+            with contextlib.suppress(OSError):
+                found[child] = (PROC / str(child[0]) / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+                frontier.append(child[0])
+    return found
+
+
+def group_empty(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def kill_groups(pgids: list[int]) -> None:
+    for pgid in pgids:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGKILL)
+
+
+def test_demo_runs_the_fleet_and_stops_everything(tmp_path: Path) -> None:
+    """The demo starts 9 processes, each in a session of its own, and stops them all: the test records the
+    demo's descendants while it runs and checks afterwards that each of them, and each one's process
+    group, is gone (the demo's own group too)."""
+    if not (PROC / "self" / "stat").exists():
+        message = "needs /proc to follow the demo's processes"
+        if os.environ.get("CI"):
+            pytest.fail(message + " and CI is set: this test must not be skipped")
+        pytest.skip(message)
+    out, err = tmp_path / "stdout", tmp_path / "stderr"
+    cmd = [sys.executable, "-m", "inferwatch", "demo", "--duration", "12", "--profile", "kv-pressure", "--speed", "3"]
+    seen: dict[Process, str] = {}
+    with out.open("w") as stdout, err.open("w") as stderr:
+        demo = subprocess.Popen(
+            cmd,
+            cwd=ROOT,
+            stdout=stdout,
+            stderr=stderr,
+            env={**os.environ, "COLUMNS": "200"},
+            start_new_session=True,  # the demo leads a process group of its own
+        )
+    try:
+        deadline = time.monotonic() + 180
+        while demo.poll() is None:
+            seen.update(descendants(demo.pid))
+            assert time.monotonic() < deadline, "the demo did not finish"
+            time.sleep(0.2)
+    finally:
+        if demo.poll() is None:
+            kill_groups([demo.pid])
+        demo.wait()
+        left = {p: c for p, c in seen.items() if alive(p) or not group_empty(p[0])}
+        kill_groups([pid for pid, _ in left])  # what the demo left behind, so that the test leaves nothing
+    stdout_text = out.read_text()
+    assert demo.returncode == 0, stdout_text + err.read_text()
+    simulators = [c for c in seen.values() if " simulate --engine " in c]
+    assert len(simulators) == len(V.ENGINES), f"expected a simulator per engine among the demo's processes: {seen}"
+    assert group_empty(demo.pid), "a process is left in the demo's process group"
+    assert not left, f"the demo left processes behind: {left}"
+    final = stdout_text.split("final state")[-1]
     rows = {ln.split("│")[1].strip(): ln for ln in final.splitlines() if ln.count("│") > 5}
     assert set(rows) == set(V.ENGINES), final
     for engine, row in rows.items():
@@ -93,6 +180,4 @@ def test_demo_runs_the_fleet_and_stops_everything() -> None:
     for engine in (V.ENGINE_VLLM, V.ENGINE_TGI, V.ENGINE_TRTLLM):  # spans reached the collector
         cells = [c.strip() for c in rows[engine].split("│")[1:-1]]
         assert cells[5] != "-", f"no exact p99 from the collector for {engine}: {rows[engine]}"
-    assert "stopped 9 processes" in proc.stdout
-    leftover = subprocess.run(["pgrep", "-f", "inferwatch simulate --engine"], capture_output=True, text=True)
-    assert leftover.stdout.strip() == "", "demo left simulator processes behind"
+    assert "stopped 9 processes" in stdout_text

@@ -240,8 +240,8 @@ CATALOGUE: Final[tuple[SymptomSpec, ...]] = (
     SymptomSpec(
         Symptom.THROUGHPUT_LOW,
         "Throughput will not rise",
-        "requests wait while the running batch stays below the concurrency limit and the KV cache is full: memory, "
-        "not the limit, caps the batch",
+        "requests wait while the KV cache is (nearly) full: the batch cannot grow for lack of memory, whatever the "
+        "concurrency limit",
         Threshold(Signal.KV_USAGE, 0.9, 0.98),
         "not enough GPU memory for a bigger batch",
         (
@@ -250,16 +250,8 @@ CATALOGUE: Final[tuple[SymptomSpec, ...]] = (
             Remedy("shard with tensor parallelism", (Knob.TENSOR_PARALLEL,)),
             Remedy("give the engine more GPU memory", (Knob.GPU_MEMORY,)),
         ),
-        gates=(
-            Gate(Signal.WAITING, above=0.5, description="requests waiting"),
-            Gate(
-                Signal.RUNNING,
-                below=0.9,
-                of=Signal.MAX_CONCURRENCY,
-                description="running batch below 90 % of the concurrency limit",
-            ),
-        ),
-        evidence=(Signal.GENERATION_RATE, Signal.KV_CAPACITY),
+        gates=(Gate(Signal.WAITING, above=0.5, description="requests waiting"),),
+        evidence=(Signal.RUNNING, Signal.GENERATION_RATE, Signal.KV_CAPACITY, Signal.MAX_CONCURRENCY),
         secondary_to=(Symptom.PREEMPTIONS,),
         alerts=(V.ALERT_KV_SATURATED,),
         runbook=V.ALERT_KV_SATURATED.lower(),

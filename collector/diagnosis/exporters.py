@@ -1,0 +1,224 @@
+"""Signals without Prometheus: scrape the exporters twice, a few seconds apart, and take the deltas.
+
+Each exporter URL is one ``instance`` (its ``host:port``, as Prometheus would label it). Counters
+become rates over the interval, histograms the quantiles of the observations made in it, gauges
+the mean of the two scrapes. Evidence names the exporter and the samples.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from inferwatch.collector.diagnosis.prometheus import P99
+from inferwatch.collector.diagnosis.signals import Filters, Fleet, Observation, TargetKey, UpstreamError
+from inferwatch.core import vocabulary as V
+from inferwatch.core.quantile import histogram_quantile
+from inferwatch.core.symptoms import Signal
+
+DEFAULT_INTERVAL_S = 5.0
+
+
+def metrics_url(url: str) -> str:
+    """``http://h:9400`` -> ``http://h:9400/metrics``; a URL with a path is kept."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ValueError(f"exporter URL must be http(s)://HOST:PORT[/metrics], got {url!r}")
+    return url if parts.path not in ("", "/") else url.rstrip("/") + "/metrics"
+
+
+def instance_of(url: str) -> str:
+    return urlsplit(url).netloc
+
+
+@dataclass
+class _Scrape:
+    """One exporter scrape, summed per target: counters and gauges, histogram buckets, info labels."""
+
+    at: float
+    sums: dict[tuple[TargetKey, str], float] = field(default_factory=dict)
+    maxes: dict[tuple[TargetKey, str], float] = field(default_factory=dict)
+    buckets: dict[tuple[TargetKey, str], dict[float, float]] = field(default_factory=dict)
+    info: dict[TargetKey, dict[str, str]] = field(default_factory=dict)
+    targets: set[TargetKey] = field(default_factory=set)
+
+
+def _parse(text: str, instance: str, at: float) -> _Scrape:
+    out = _Scrape(at)
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = sample.labels
+            if V.LABEL_ENGINE not in labels or V.LABEL_MODEL not in labels:
+                continue  # exporter health series: not an engine's
+            key = TargetKey(labels[V.LABEL_ENGINE], labels[V.LABEL_MODEL], instance)
+            name = sample.name
+            if name == V.ENGINE_INFO.name:
+                out.info.setdefault(key, {k: v for k, v in labels.items() if k in V.INFO_LABELS})
+                continue
+            if name == V.REQUESTS_RUNNING.name:
+                out.targets.add(key)
+            if name.endswith("_bucket"):
+                per = out.buckets.setdefault((key, name.removesuffix("_bucket")), {})
+                le = float(labels[V.LABEL_LE])
+                per[le] = per.get(le, 0.0) + sample.value
+                continue
+            if name == V.REQUESTS.name:
+                outcome = labels.get(V.LABEL_OUTCOME, "")
+                slot = (key, f"{name}{{{outcome}}}")
+                out.sums[slot] = out.sums.get(slot, 0.0) + sample.value
+            out.sums[(key, name)] = out.sums.get((key, name), 0.0) + sample.value
+            out.maxes[(key, name)] = max(out.maxes.get((key, name), sample.value), sample.value)
+    return out
+
+
+async def _scrape(client: httpx.AsyncClient, url: str, timeout: float) -> _Scrape:
+    try:
+        resp = await client.get(url, timeout=timeout)
+    except httpx.TimeoutException:
+        raise UpstreamError(url, f"the exporter did not answer within {timeout:g} s") from None
+    except httpx.HTTPError as exc:
+        raise UpstreamError(url, f"cannot reach the exporter: {exc.__class__.__name__}: {exc}") from None
+    if resp.status_code != 200:
+        raise UpstreamError(url, f"the exporter answered HTTP {resp.status_code}")
+    try:
+        return _parse(resp.text, instance_of(url), time.monotonic())
+    except (ValueError, KeyError) as exc:
+        raise UpstreamError(url, f"the exporter's answer is not Prometheus text: {exc}") from None
+
+
+def _window(seconds: float) -> str:
+    return f"{max(1, round(seconds))}s"
+
+
+def _signals(url: str, first: _Scrape, second: _Scrape, fleet: Fleet) -> None:
+    dt = second.at - first.at
+    where = f"at {url}, two scrapes {dt:.1f} s apart"
+
+    def delta(key: TargetKey, name: str) -> float | None:
+        if (key, name) not in second.sums:
+            return None
+        return max(second.sums[(key, name)] - first.sums.get((key, name), 0.0), 0.0)
+
+    def shown(name: str, key: TargetKey) -> str:
+        a, b = first.sums.get((key, name)), second.sums.get((key, name))
+        return f"{name}{{engine={key.engine!r}, model={key.model!r}}} {_fmt(a)} -> {_fmt(b)} {where}"
+
+    def quantile(key: TargetKey, spec: V.MetricSpec) -> tuple[float, str] | None:
+        now = second.buckets.get((key, spec.name))
+        if not now:
+            return None
+        before = first.buckets.get((key, spec.name), {})
+        pairs = sorted((le, count - before.get(le, 0.0)) for le, count in now.items())
+        q = histogram_quantile(P99, pairs)
+        if q is None:
+            return None
+        return q, f"p99 of the {spec.name}_bucket deltas ({pairs[-1][1]:g} observations) {where}"
+
+    def mean_delta(key: TargetKey, spec: V.MetricSpec) -> float | None:
+        total, count = delta(key, spec.name + "_sum"), delta(key, spec.name + "_count")
+        return None if total is None or not count else total / count
+
+    for key in second.targets | first.targets:
+        target = fleet.target(key)
+        finished = delta(key, V.REQUESTS.name)
+        if finished is not None:
+            target.put(Signal.REQUEST_RATE, finished / dt, shown(V.REQUESTS.name, key))
+            if finished > 0:
+                for signal, outcome in ((Signal.ERROR_RATIO, V.OUTCOME_ERROR), (Signal.ABORT_RATIO, V.OUTCOME_ABORT)):
+                    part = delta(key, f"{V.REQUESTS.name}{{{outcome}}}") or 0.0
+                    target.put(
+                        signal, part / finished, shown(V.REQUESTS.name, key) + f" (outcome={outcome}: +{part:g})"
+                    )
+        for signal, spec in (
+            (Signal.E2E_P99, V.REQUEST_DURATION),
+            (Signal.QUEUE_P99, V.REQUEST_QUEUE),
+            (Signal.TTFT_P99, V.TIME_TO_FIRST_TOKEN),
+            (Signal.PREFILL_P99, V.REQUEST_PREFILL),
+            (Signal.TPOT_P99, V.TIME_PER_OUTPUT_TOKEN),
+        ):
+            got = quantile(key, spec)
+            if got is not None:
+                target.put(signal, got[0], got[1])
+        queue, e2e = mean_delta(key, V.REQUEST_QUEUE), mean_delta(key, V.REQUEST_DURATION)
+        if queue is not None and e2e:
+            target.put(
+                Signal.QUEUE_SHARE, queue / e2e, f"mean {V.REQUEST_QUEUE.name} / mean {V.REQUEST_DURATION.name} {where}"
+            )
+        for signal, spec, use_max in (
+            (Signal.WAITING, V.REQUESTS_WAITING, False),
+            (Signal.RUNNING, V.REQUESTS_RUNNING, False),
+            (Signal.KV_USAGE, V.KV_CACHE_USAGE, True),
+        ):
+            table = (first.maxes, second.maxes) if use_max else (first.sums, second.sums)
+            values = [t[(key, spec.name)] for t in table if (key, spec.name) in t]
+            if values:
+                target.put(signal, sum(values) / len(values), f"mean of {spec.name} over the two scrapes {where}")
+        capacity = second.sums.get((key, V.KV_CACHE_CAPACITY.name))
+        if capacity is not None:
+            target.put(Signal.KV_CAPACITY, capacity, f"{V.KV_CACHE_CAPACITY.name} {_fmt(capacity)} at {url}")
+        preempted = delta(key, V.PREEMPTIONS.name)
+        if preempted is not None:
+            target.put(Signal.PREEMPTION_RATE, preempted / dt, shown(V.PREEMPTIONS.name, key))
+            if finished:
+                target.put(Signal.PREEMPTIONS_PER_REQUEST, preempted / finished, shown(V.PREEMPTIONS.name, key))
+        prompt = delta(key, V.PROMPT_TOKENS.name)
+        if prompt is not None and finished:
+            target.put(Signal.PROMPT_TOKENS_MEAN, prompt / finished, shown(V.PROMPT_TOKENS.name, key))
+        generated = delta(key, V.GENERATION_TOKENS.name)
+        if generated is not None:
+            target.put(Signal.GENERATION_RATE, generated / dt, shown(V.GENERATION_TOKENS.name, key))
+        info = second.info.get(key) or first.info.get(key)
+        if info:
+            target.info = dict(info)
+            target.info_query = f"{V.ENGINE_INFO.name} at {url}"
+            limit = info.get(V.LABEL_MAX_CONCURRENCY, "")
+            if limit.replace(".", "", 1).isdigit():
+                target.put(Signal.MAX_CONCURRENCY, float(limit), target.info_query)
+        drafts = second.sums.get((key, V.SPEC_DECODE_DRAFT_TOKENS.name))
+        if drafts is not None:
+            target.spec_decode = Observation(drafts, f"{V.SPEC_DECODE_DRAFT_TOKENS.name} {_fmt(drafts)} at {url}")
+
+
+def _fmt(value: float | None) -> str:
+    if value is None:
+        return "absent"
+    return f"{value:g}" if math.isfinite(value) else str(value)
+
+
+async def read_fleet(
+    client: httpx.AsyncClient,
+    urls: Sequence[str],
+    *,
+    interval: float = DEFAULT_INTERVAL_S,
+    filters: Filters,
+    timeout: float = 5.0,
+) -> Fleet:
+    """Scrape every exporter, wait ``interval`` seconds, scrape again; the per-target signals.
+
+    Raises :class:`UpstreamError` naming the first exporter that could not be read.
+    """
+    targets = [metrics_url(u) for u in urls]
+    first = await asyncio.gather(*(_scrape(client, u, timeout) for u in targets))
+    started = min(s.at for s in first)
+    await asyncio.sleep(max(0.0, interval - (time.monotonic() - started)))
+    second = await asyncio.gather(*(_scrape(client, u, timeout) for u in targets))
+    seconds = sum(b.at - a.at for a, b in zip(first, second, strict=True)) / len(targets)
+    fleet = Fleet(
+        "exporters", _window(seconds), seconds, upstream_queries=2 * len(targets), upstream=", ".join(targets)
+    )
+    for url, a, b in zip(targets, first, second, strict=True):
+        _signals(url, a, b, fleet)
+    fleet.targets = {k: v for k, v in fleet.targets.items() if filters.matches(k)}
+    return fleet
+
+
+def exporter_urls(values: Iterable[str]) -> list[str]:
+    """Validated exporter URLs (``ValueError`` names the bad one)."""
+    return [metrics_url(v) for v in values]

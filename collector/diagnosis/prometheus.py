@@ -1,0 +1,212 @@
+"""Signals from Prometheus: one fixed set of fleet-wide PromQL queries, whatever the fleet's size.
+
+Every query aggregates ``by (engine, model, instance)``, so one query answers for every target
+and the number of queries (:func:`fleet_queries`) does not grow with the number of targets. Each
+signal keeps its exact PromQL as evidence, to paste into Grafana or the Prometheus UI.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import re
+from collections.abc import Mapping
+
+import httpx
+
+from inferwatch.collector.diagnosis.signals import Filters, Fleet, Observation, TargetKey, UpstreamError
+from inferwatch.core import vocabulary as V
+from inferwatch.core.symptoms import Signal
+
+INSTANCE = "instance"
+BY: tuple[str, ...] = (V.LABEL_ENGINE, V.LABEL_MODEL, INSTANCE)
+TARGETS_QUERY = "targets"
+INFO_QUERY = "info"
+SPEC_DECODE_QUERY = "spec_decode"
+P99 = 0.99
+
+_DURATION = re.compile(r"^(\d+)(s|m|h|d|w)$")
+_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+MAX_WINDOW_SECONDS = 7 * 86400
+
+
+def window_seconds(window: str) -> float:
+    """Seconds of a PromQL-style duration (``10m``); ``ValueError`` names the expected form."""
+    m = _DURATION.match(window.strip())
+    if not m or int(m.group(1)) == 0:
+        raise ValueError(f"window must be a positive duration such as 30s, 10m or 1h, got {window!r}")
+    seconds = int(m.group(1)) * _SECONDS[m.group(2)]
+    if seconds > MAX_WINDOW_SECONDS:
+        raise ValueError(f"window {window!r} is longer than the 7-day maximum")
+    return float(seconds)
+
+
+def _quote(value: str) -> str:
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+
+
+def selector(filters: Filters, extra: Mapping[str, str] | None = None) -> str:
+    matchers = []
+    for label, value in (
+        (V.LABEL_ENGINE, filters.engine),
+        (V.LABEL_MODEL, filters.model),
+        (INSTANCE, filters.instance),
+    ):
+        if value is not None:
+            matchers.append(f"{label}={_quote(value)}")
+    matchers += [f"{k}={_quote(v)}" for k, v in (extra or {}).items()]
+    return "{" + ", ".join(matchers) + "}" if matchers else ""
+
+
+def _by(labels: tuple[str, ...] = BY) -> str:
+    return "by (" + ", ".join(labels) + ")"
+
+
+def fleet_queries(window: str, filters: Filters) -> dict[str, str]:
+    """Every query the diagnosis runs (name -> PromQL): signals, target discovery, info, spec decode."""
+    w = f"[{window}]"
+    sel = selector(filters)
+    by = _by()
+
+    def rate(metric: str, extra: Mapping[str, str] | None = None) -> str:
+        return f"sum {by} (rate({metric}{selector(filters, extra)}{w}))"
+
+    def increase(metric: str) -> str:
+        return f"sum {by} (increase({metric}{sel}{w}))"
+
+    def p99(spec: V.MetricSpec) -> str:
+        return f"histogram_quantile({P99}, sum {_by((*BY, V.LABEL_LE))} (rate({spec.name}_bucket{sel}{w})))"
+
+    def mean(spec: V.MetricSpec) -> str:
+        return f"({rate(spec.name + '_sum')} / {rate(spec.name + '_count')})"
+
+    def share(outcome: str) -> str:
+        total = rate(V.REQUESTS.name)
+        return f"({rate(V.REQUESTS.name, {V.LABEL_OUTCOME: outcome})} or {total} * 0) / {total}"
+
+    info_labels = (*BY, *V.INFO_LABELS)
+    return {
+        TARGETS_QUERY: f"max {by} (last_over_time({V.REQUESTS_RUNNING.name}{sel}{w}))",
+        INFO_QUERY: f"max {_by(info_labels)} (last_over_time({V.ENGINE_INFO.name}{sel}{w}))",
+        SPEC_DECODE_QUERY: f"sum {by} (last_over_time({V.SPEC_DECODE_DRAFT_TOKENS.name}{sel}{w}))",
+        Signal.REQUEST_RATE: rate(V.REQUESTS.name),
+        Signal.ERROR_RATIO: share(V.OUTCOME_ERROR),
+        Signal.ABORT_RATIO: share(V.OUTCOME_ABORT),
+        Signal.E2E_P99: p99(V.REQUEST_DURATION),
+        Signal.QUEUE_P99: p99(V.REQUEST_QUEUE),
+        Signal.QUEUE_SHARE: f"{mean(V.REQUEST_QUEUE)} / {mean(V.REQUEST_DURATION)}",
+        Signal.WAITING: f"sum {by} (avg_over_time({V.REQUESTS_WAITING.name}{sel}{w}))",
+        Signal.RUNNING: f"sum {by} (avg_over_time({V.REQUESTS_RUNNING.name}{sel}{w}))",
+        Signal.KV_USAGE: f"max {by} (avg_over_time({V.KV_CACHE_USAGE.name}{sel}{w}))",
+        Signal.KV_CAPACITY: f"sum {by} (max_over_time({V.KV_CACHE_CAPACITY.name}{sel}{w}))",
+        Signal.PREEMPTION_RATE: rate(V.PREEMPTIONS.name),
+        Signal.PREEMPTIONS_PER_REQUEST: f"{increase(V.PREEMPTIONS.name)} / {increase(V.REQUESTS.name)}",
+        Signal.TTFT_P99: p99(V.TIME_TO_FIRST_TOKEN),
+        Signal.PREFILL_P99: p99(V.REQUEST_PREFILL),
+        Signal.PROMPT_TOKENS_MEAN: f"{rate(V.PROMPT_TOKENS.name)} / {rate(V.REQUESTS.name)}",
+        Signal.TPOT_P99: p99(V.TIME_PER_OUTPUT_TOKEN),
+        Signal.GENERATION_RATE: rate(V.GENERATION_TOKENS.name),
+    }
+
+
+def _key(labels: Mapping[str, str]) -> TargetKey:
+    return TargetKey(
+        labels.get(V.LABEL_ENGINE, V.UNKNOWN), labels.get(V.LABEL_MODEL, V.UNKNOWN), labels.get(INSTANCE, V.UNKNOWN)
+    )
+
+
+async def _query(client: httpx.AsyncClient, base_url: str, promql: str, timeout: float) -> list[dict[str, object]]:
+    url = base_url.rstrip("/") + "/api/v1/query"
+    try:
+        resp = await client.get(url, params={"query": promql, "timeout": f"{timeout:g}s"}, timeout=timeout)
+    except httpx.TimeoutException:
+        raise UpstreamError(base_url, f"Prometheus did not answer within {timeout:g} s") from None
+    except httpx.HTTPError as exc:
+        raise UpstreamError(base_url, f"cannot reach Prometheus: {exc.__class__.__name__}: {exc}") from None
+    try:
+        body = resp.json()
+    except ValueError:
+        raise UpstreamError(
+            base_url, f"Prometheus answered HTTP {resp.status_code} with a body that is not JSON"
+        ) from None
+    if resp.status_code != 200 or not isinstance(body, dict) or body.get("status") != "success":
+        error = body.get("error") if isinstance(body, dict) else None
+        raise UpstreamError(base_url, f"Prometheus answered HTTP {resp.status_code}: {error or 'no error message'}")
+    data = body.get("data")
+    result = data.get("result") if isinstance(data, dict) else None
+    if not isinstance(result, list):
+        raise UpstreamError(base_url, "Prometheus answered without a result vector")
+    return [r for r in result if isinstance(r, dict)]
+
+
+def _value(item: Mapping[str, object]) -> float:
+    pair = item.get("value")
+    if isinstance(pair, list) and len(pair) == 2:
+        try:
+            return float(str(pair[1]))
+        except ValueError:
+            return math.nan
+    return math.nan
+
+
+def _number(text: str | None) -> float | None:
+    try:
+        value = float(text) if text not in (None, "", V.UNKNOWN) else None
+    except ValueError:
+        return None
+    return value if value is not None and math.isfinite(value) and value > 0 else None
+
+
+def _labels(item: Mapping[str, object]) -> dict[str, str]:
+    metric = item.get("metric")
+    return {str(k): str(v) for k, v in metric.items()} if isinstance(metric, dict) else {}
+
+
+async def read_fleet(
+    client: httpx.AsyncClient,
+    base_url: str,
+    *,
+    window: str,
+    filters: Filters,
+    timeout: float = 5.0,
+) -> Fleet:
+    """Run every query of :func:`fleet_queries` concurrently; the per-target signals.
+
+    Raises :class:`UpstreamError` naming Prometheus and the problem (unreachable, slower than
+    ``timeout`` seconds, an error answer).
+    """
+    queries = fleet_queries(window, filters)
+    names = list(queries)
+    try:
+        async with asyncio.timeout(timeout + 1):
+            results = await asyncio.gather(*(_query(client, base_url, queries[n], timeout) for n in names))
+    except TimeoutError:
+        raise UpstreamError(base_url, f"Prometheus did not answer within {timeout:g} s") from None
+    fleet = Fleet("prometheus", window, window_seconds(window), upstream_queries=len(names), upstream=base_url)
+    by_name = dict(zip(names, results, strict=True))
+    for item in by_name[TARGETS_QUERY]:
+        fleet.target(_key(_labels(item)))
+    for item in by_name[INFO_QUERY]:
+        labels = _labels(item)
+        target = fleet.target(_key(labels))
+        if not target.info:
+            target.info = {k: v for k, v in labels.items() if k in V.INFO_LABELS}
+            target.info_query = queries[INFO_QUERY]
+            limit = _number(target.info.get(V.LABEL_MAX_CONCURRENCY))
+            if limit is not None:
+                target.put(Signal.MAX_CONCURRENCY, limit, queries[INFO_QUERY])
+    for item in by_name[SPEC_DECODE_QUERY]:
+        target = fleet.target(_key(_labels(item)))
+        value = _value(item)
+        if math.isfinite(value):
+            target.spec_decode = Observation(value, queries[SPEC_DECODE_QUERY])
+    for signal in Signal:
+        if signal not in by_name:
+            continue
+        for item in by_name[signal]:
+            key = _key(_labels(item))
+            if key not in fleet.targets:
+                continue  # a signal of a target that has no running gauge: not an engine series
+            fleet.targets[key].put(signal, _value(item), queries[signal])
+    fleet.targets = {k: v for k, v in fleet.targets.items() if filters.matches(k)}
+    return fleet

@@ -127,7 +127,7 @@ def test_evidence_carries_the_query_and_remedies_the_engine_knob() -> None:
 
 
 def test_missing_signal_is_unknown_with_the_reason_never_guessed() -> None:
-    tgi = {
+    tgi: dict[Signal, float] = {
         k: v
         for k, v in HEALTHY.items()
         if k not in (Signal.TTFT_P99, Signal.PREEMPTION_RATE, Signal.PREEMPTIONS_PER_REQUEST)

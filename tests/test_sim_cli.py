@@ -153,7 +153,8 @@ def test_demo_runs_the_fleet_and_stops_everything(tmp_path: Path) -> None:
     try:
         deadline = time.monotonic() + 180
         while demo.poll() is None:
-            seen.update(descendants(demo.pid))
+            for process, cmdline in descendants(demo.pid).items():
+                seen[process] = cmdline or seen.get(process, "")  # an exiting process shows an empty one
             assert time.monotonic() < deadline, "the demo did not finish"
             time.sleep(0.2)
     finally:

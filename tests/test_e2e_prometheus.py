@@ -122,7 +122,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                     "2",
                 ],
             )
-            extra = ["--max-batch-total-tokens", "16384"] if engine == V.ENGINE_TGI else []
+            extra = ["--engine-option", "max_batch_total_tokens=16384"] if engine == V.ENGINE_TGI else []
             spawn(
                 f"{engine}-exporter",
                 [

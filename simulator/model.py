@@ -46,7 +46,8 @@ class EngineParams:
     step_per_prefill_token: float = 0.00015
     step_per_decode_seq: float = 0.0002
     decode_slowdown: float = 1.0
-    """multiplies decode cost (a model too big for the GPU: slow TPOT)."""
+    """multiplies the fixed cost of a step, which reading the weights dominates: a model too big for the GPU
+    makes every step slow whatever the batch (slow TPOT)."""
     error_rate: float = 0.0
     """share of admitted requests that fail in the engine."""
     prefix_cache_entries: int = 256
@@ -288,9 +289,9 @@ class ServingModel:
             else:
                 report.decode_seqs += 1
         duration = (
-            p.step_base
+            p.step_base * p.decode_slowdown
             + p.step_per_prefill_token * report.prefill_tokens
-            + p.step_per_decode_seq * p.decode_slowdown * report.decode_seqs
+            + p.step_per_decode_seq * report.decode_seqs
         )
         report.end = now + duration
         report.scheduled = scheduled

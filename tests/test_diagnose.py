@@ -34,6 +34,7 @@ HEALTHY: dict[Signal, float] = {
     Signal.PREEMPTION_RATE: 0.0,
     Signal.PREEMPTIONS_PER_REQUEST: 0.0,
     Signal.TTFT_P99: 0.16,
+    Signal.TTFT_QUEUE_SHARE: 0.05,
     Signal.PREFILL_P99: 0.05,
     Signal.PROMPT_TOKENS_MEAN: 200,
     Signal.TPOT_P99: 0.01,
@@ -91,7 +92,13 @@ def test_each_symptom_and_only_it(change: dict[Signal, float], symptom: Symptom,
 
 def test_ttft_from_queueing_is_not_a_prompt_problem() -> None:
     """A slow first token spent waiting in the queue is the backlog's, not the prompts'."""
-    queued = {**HEALTHY, Signal.TTFT_P99: 9.0, Signal.QUEUE_P99: 8.5, Signal.WAITING: 30.0}
+    queued = {
+        **HEALTHY,
+        Signal.TTFT_P99: 9.0,
+        Signal.QUEUE_P99: 8.5,
+        Signal.WAITING: 30.0,
+        Signal.TTFT_QUEUE_SHARE: 0.9,
+    }
     got = statuses(fleet_of((VLLM, queued)))
     assert got[Symptom.TTFT_SLOW] is Status.OK
     assert got[Symptom.LATENCY_P99_HIGH] is Status.CRITICAL

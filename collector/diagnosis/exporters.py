@@ -147,6 +147,10 @@ def _signals(url: str, first: _Scrape, second: _Scrape, fleet: Fleet) -> None:
             if got is not None:
                 target.put(signal, got[0], got[1])
         queue, e2e = mean_delta(key, V.REQUEST_QUEUE), mean_delta(key, V.REQUEST_DURATION)
+        ttft = mean_delta(key, V.TIME_TO_FIRST_TOKEN)
+        if queue is not None and ttft:
+            how = f"mean {V.REQUEST_QUEUE.name} / mean {V.TIME_TO_FIRST_TOKEN.name} {where}"
+            target.put(Signal.TTFT_QUEUE_SHARE, queue / ttft, how)
         if queue is not None and e2e:
             target.put(
                 Signal.QUEUE_SHARE, queue / e2e, f"mean {V.REQUEST_QUEUE.name} / mean {V.REQUEST_DURATION.name} {where}"

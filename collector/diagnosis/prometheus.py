@@ -102,6 +102,7 @@ def fleet_queries(window: str, filters: Filters) -> dict[str, str]:
         Signal.PREEMPTION_RATE: rate(V.PREEMPTIONS.name),
         Signal.PREEMPTIONS_PER_REQUEST: f"{increase(V.PREEMPTIONS.name)} / {increase(V.REQUESTS.name)}",
         Signal.TTFT_P99: p99(V.TIME_TO_FIRST_TOKEN),
+        Signal.TTFT_QUEUE_SHARE: f"{mean(V.REQUEST_QUEUE)} / {mean(V.TIME_TO_FIRST_TOKEN)}",
         Signal.PREFILL_P99: p99(V.REQUEST_PREFILL),
         Signal.PROMPT_TOKENS_MEAN: f"{rate(V.PROMPT_TOKENS.name)} / {rate(V.REQUESTS.name)}",
         Signal.TPOT_P99: p99(V.TIME_PER_OUTPUT_TOKEN),

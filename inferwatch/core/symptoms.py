@@ -63,6 +63,7 @@ class Signal(StrEnum):
     PREEMPTION_RATE = "preemption_rate"
     PREEMPTIONS_PER_REQUEST = "preemptions_per_request"
     TTFT_P99 = "ttft_p99"
+    TTFT_QUEUE_SHARE = "ttft_queue_share"
     PREFILL_P99 = "prefill_p99"
     PROMPT_TOKENS_MEAN = "prompt_tokens_mean"
     TPOT_P99 = "tpot_p99"
@@ -105,6 +106,12 @@ SIGNALS: Final[Mapping[Signal, SignalSpec]] = {
             (V.PREEMPTIONS, V.REQUESTS),
         ),
         SignalSpec(Signal.TTFT_P99, "P99 time to first token", "s", (V.TIME_TO_FIRST_TOKEN,)),
+        SignalSpec(
+            Signal.TTFT_QUEUE_SHARE,
+            "mean queue time / mean time to first token",
+            "ratio",
+            (V.REQUEST_QUEUE, V.TIME_TO_FIRST_TOKEN),
+        ),
         SignalSpec(Signal.PREFILL_P99, "P99 prefill time (scheduled to first token)", "s", (V.REQUEST_PREFILL,)),
         SignalSpec(Signal.PROMPT_TOKENS_MEAN, "mean prompt length", "tokens", (V.PROMPT_TOKENS, V.REQUESTS)),
         SignalSpec(Signal.TPOT_P99, "P99 time per output token", "s", (V.TIME_PER_OUTPUT_TOKEN,)),
@@ -269,13 +276,12 @@ CATALOGUE: Final[tuple[SymptomSpec, ...]] = (
         ),
         gates=(
             Gate(
-                Signal.QUEUE_P99,
+                Signal.TTFT_QUEUE_SHARE,
                 below=0.5,
-                of=Signal.TTFT_P99,
                 description="queueing is less than half of the first token's time",
             ),
         ),
-        evidence=(Signal.PREFILL_P99, Signal.PROMPT_TOKENS_MEAN),
+        evidence=(Signal.PREFILL_P99, Signal.PROMPT_TOKENS_MEAN, Signal.QUEUE_P99),
         slo_metric=V.TIME_TO_FIRST_TOKEN,
         runbook="slo-burn",
     ),

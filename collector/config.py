@@ -43,6 +43,41 @@ class CollectorSettings(BaseSettings):
     ingest_tokens: list[str] = Field(default_factory=list, description="Bearer tokens allowed to send OTLP.")
     read_tokens: list[str] = Field(default_factory=list, description="Bearer tokens allowed to read the API.")
     insecure: bool = Field(False, description="Allow a non-loopback listen address without tokens.")
+    # --- the on-call surface (diagnosis, checklist, SLO status) -----------------------------------------
+    prometheus_url: str | None = Field(None, description="Prometheus with the generated rules, for the diagnosis.")
+    exporters: list[str] = Field(
+        default_factory=list, description="Exporter URLs to scrape when there is no Prometheus (or it is down)."
+    )
+    upstream_timeout_seconds: float = Field(5.0, gt=0, le=60, description="Per query to Prometheus or an exporter.")
+    exporter_interval_seconds: float = Field(
+        5.0, gt=0, le=60, description="Seconds between the two exporter scrapes that give rates."
+    )
+    slo_file: Path | None = Field(None, description="SLO file; default: the SLOs that ship with inferwatch.")
+    diagnose_thresholds: dict[str, tuple[float, float]] = Field(
+        default_factory=dict,
+        description='Threshold overrides, symptom -> [warning, critical], e.g. {"tpot_slow": [0.2, 0.4]}.',
+    )
+    gpu: str | None = Field(None, description="The GPU model the engines run on (e.g. H100), for the checklist.")
+
+    @field_validator("prometheus_url")
+    @classmethod
+    def _prometheus_url(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("http://", "https://")):
+            raise ValueError(f"prometheus_url must start with http:// or https://, got {value!r}")
+        return value.rstrip("/") if value else value
+
+    @field_validator("diagnose_thresholds")
+    @classmethod
+    def _thresholds(cls, value: dict[str, tuple[float, float]]) -> dict[str, tuple[float, float]]:
+        from inferwatch.core.symptoms import Symptom
+
+        known = {s.value for s in Symptom}
+        for name, (warning, critical) in value.items():
+            if name not in known:
+                raise ValueError(f"unknown symptom {name!r} in diagnose_thresholds; known: {', '.join(sorted(known))}")
+            if not 0 <= warning <= critical:
+                raise ValueError(f"{name}: need 0 <= warning <= critical, got [{warning}, {critical}]")
+        return value
 
     @field_validator("retention")
     @classmethod

@@ -155,6 +155,18 @@ def find_requests(*, engine: Engine, request_id: str) -> list[RequestDetail]:
         return [_with_phases(r) for r in conn.execute(select(t).where(cond).order_by(t.c.id)).mappings()]
 
 
+def slowest_requests(*, engine: Engine, filters: RequestFilter, sort: SortField, limit: int) -> list[RequestDetail]:
+    """The ``limit`` matching requests with the highest ``sort`` value (most recent first for ``start_time``),
+    with their phase breakdowns: the examples a diagnosis finding shows."""
+    t = REQUEST_TABLE
+    q = select(t).order_by(t.c[sort].desc().nulls_last(), t.c.id.desc()).limit(limit)
+    conds = filters.conditions()
+    if conds:
+        q = q.where(and_(*conds))
+    with engine.connect() as conn:
+        return [_with_phases(r) for r in conn.execute(q).mappings()]
+
+
 # --- stats -----------------------------------------------------------------------------------------------------------
 
 

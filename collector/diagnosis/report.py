@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from inferwatch.collector.schemas import RequestDetail
 from inferwatch.core.checklist import Check, Verdict
 from inferwatch.core.symptoms import Status, Symptom
 
@@ -19,26 +20,6 @@ class Evidence(BaseModel):
     query: str = Field(description="the exact PromQL (paste it into Grafana) or the exporter samples")
 
 
-class PhaseShare(BaseModel):
-    seconds: float | None
-    share: float | None = Field(description="of the end-to-end latency")
-
-
-class ExampleRequest(BaseModel):
-    id: int
-    request_id: str | None
-    trace_id: str
-    engine: str
-    model: str | None
-    instance: str | None
-    start_time: str
-    request_duration: float | None
-    time_to_first_token: float | None
-    time_per_output_token: float | None
-    finish_reason: str | None
-    phases: dict[str, PhaseShare] = Field(description="queue, prefill, decode and other")
-
-
 class Finding(BaseModel):
     symptom: Symptom
     severity: Literal[Status.WARNING, Status.CRITICAL]
@@ -50,7 +31,9 @@ class Finding(BaseModel):
     remedies: list[str]
     evidence: list[Evidence]
     runbook: str
-    example_requests: list[ExampleRequest] = Field(default_factory=list)
+    example_requests: list[RequestDetail] = Field(
+        default_factory=list, description="the slowest matching requests of the window, with their phases"
+    )
 
 
 class TargetStatus(BaseModel):
@@ -66,6 +49,7 @@ class TargetStatus(BaseModel):
 class Diagnosis(BaseModel):
     window: str
     source: Literal["prometheus", "exporters"]
+    note: str | None = Field(None, description="e.g. why the exporters were read instead of Prometheus")
     targets: list[TargetStatus]
     findings: list[Finding] = Field(description="most severe first")
     upstream_queries: int = Field(description="queries made to Prometheus, or exporter scrapes")
@@ -89,4 +73,39 @@ class TargetChecklist(BaseModel):
 class Checklist(BaseModel):
     window: str
     source: Literal["prometheus", "exporters", "launch"]
+    note: str | None = None
     targets: list[TargetChecklist]
+
+
+class CapacityPlan(BaseModel):
+    kv_dtype: str
+    bytes_per_element: float
+    kv_bytes_per_token: float = Field(description="all layers and KV heads, over every tensor-parallel GPU")
+    kv_bytes_per_token_per_gpu: float
+    kv_bytes_per_sequence: float | None = Field(description="one sequence of max_model_len tokens")
+    weights_bytes: float | None
+    weights_estimated: bool
+    kv_budget_bytes_per_gpu: float | None
+    kv_tokens: int | None = Field(description="KV tokens that fit")
+    max_sequences_at_max_len: int | None
+    max_sequences_at_average: int | None
+    notes: list[str]
+
+
+class ObservedCapacity(BaseModel):
+    engine: str
+    model: str
+    instance: str
+    kv_capacity_tokens: float | None
+    kv_usage: float | None
+    preemptions_per_second: float | None
+    average_sequence_tokens: float | None = Field(description="this window's mean prompt + output per request")
+    supported_concurrency: int | None = Field(description="sequences the cache holds at once before preempting")
+    plan_vs_observed: float | None = Field(description="planned KV tokens / observed capacity")
+    summary: str
+
+
+class Capacity(BaseModel):
+    plan: CapacityPlan | None
+    observed: list[ObservedCapacity]
+    note: str | None = None

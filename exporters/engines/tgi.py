@@ -12,6 +12,7 @@ from __future__ import annotations
 from pydantic import Field, JsonValue
 
 from inferwatch.core import vocabulary as V
+from inferwatch.core.engines import tgi as tgi_facts
 from inferwatch.exporters.mapping import (
     EngineAdapter,
     EngineFacts,
@@ -83,16 +84,6 @@ ROWS: tuple[Row, ...] = (
 
 CURRENT_MAX_TOKENS = "tgi_batch_current_max_tokens"
 
-UNSUPPORTED = {
-    V.TIME_TO_FIRST_TOKEN.key: "TGI has no time-to-first-token metric; per-request TTFT comes from its "
-    "traces (collector). Left absent rather than estimated.",
-    V.REQUEST_PREFILL.key: "TGI records prefill time per batch step (tgi_batch_inference_duration), not per request.",
-    V.REQUEST_DECODE.key: "TGI has no per-request decode time.",
-    V.PREEMPTIONS.key: "TGI does not count preemptions.",
-    V.PREFIX_CACHE_QUERIED_TOKENS.key: "TGI exposes no prefix-cache metric.",
-    V.PREFIX_CACHE_HIT_TOKENS.key: "TGI exposes no prefix-cache metric.",
-    V.SPEC_DECODE_DRAFT_TOKENS.key: "TGI reports only accepted speculative tokens, not drafts.",
-}
 
 IGNORED = frozenset(
     {
@@ -175,7 +166,7 @@ ADAPTER = EngineAdapter(
     name=V.ENGINE_TGI,
     rows=ROWS,
     prefixes=("tgi_",),
-    unsupported=UNSUPPORTED,
+    unsupported=tgi_facts.PROFILE.unsupported,
     ignored=IGNORED,
     extra_samples=(CURRENT_MAX_TOKENS,),
     hook=hook,

@@ -12,6 +12,7 @@ counters and durations are taken only for the TensorRT-LLM models (those with ``
 from __future__ import annotations
 
 from inferwatch.core import vocabulary as V
+from inferwatch.core.engines import triton as triton_facts
 from inferwatch.exporters.mapping import EngineAdapter, Row, TranslateContext, info_key, translate_rows, version_info
 from inferwatch.exporters.model import Snapshot
 from inferwatch.exporters.textparse import Labels, ParsedText
@@ -87,16 +88,6 @@ REQUEST_ROWS: tuple[Row, ...] = (
     ),
 )
 
-UNSUPPORTED = {
-    V.TIME_PER_OUTPUT_TOKEN.key: "Triton's TensorRT-LLM backend exports no per-token latency.",
-    V.INTER_TOKEN_LATENCY.key: "Triton's TensorRT-LLM backend exports no per-token latency.",
-    V.REQUEST_PREFILL.key: "Only per-request output tensors carry phase timestamps.",
-    V.REQUEST_DECODE.key: "Only per-request output tensors carry phase timestamps.",
-    V.PREEMPTIONS.key: "Not counted (paused_requests is a gauge of the current iteration).",
-    V.PREFIX_CACHE_QUERIED_TOKENS.key: "Only reused blocks are exported, no lookups or misses.",
-    V.SPEC_DECODE_DRAFT_TOKENS.key: "Speculative-decoding stats are not exported by the backend.",
-    V.SPEC_DECODE_ACCEPTED_TOKENS.key: "Speculative-decoding stats are not exported by the backend.",
-}
 
 IGNORED = frozenset(
     {
@@ -170,7 +161,7 @@ ADAPTER = EngineAdapter(
     name=V.ENGINE_TRITON,
     rows=ROWS,
     prefixes=("nv_trt_llm_", "nv_llm_", "nv_inference_"),
-    unsupported=UNSUPPORTED,
+    unsupported=triton_facts.PROFILE.unsupported,
     ignored=IGNORED,
     extra_samples=(KV_BLOCKS, REQUEST_METRICS, f"{INPUT_TOKENS}_count", f"{OUTPUT_TOKENS}_count"),
     hook=hook,

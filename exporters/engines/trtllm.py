@@ -21,6 +21,7 @@ from typing import Any
 from pydantic import Field, JsonValue
 
 from inferwatch.core import vocabulary as V
+from inferwatch.core.engines import trtllm as trtllm_facts
 from inferwatch.exporters.mapping import (
     EngineAdapter,
     EngineOptions,
@@ -89,12 +90,6 @@ TOKENS_PER_BLOCK = "trtllm_kv_cache_tokens_per_block"
 MAX_ACTIVE = "trtllm_max_num_active_requests"
 CACHE_INFO = ("trtllm_kv_cache_config_info", "trtllm_cache_config_info")
 
-UNSUPPORTED = {
-    V.INTER_TOKEN_LATENCY.key: "trtllm-serve exports only the per-request mean (time per output token).",
-    V.REQUEST_PROMPT_TOKENS.key: "trtllm-serve has token counters but no per-request token histogram.",
-    V.REQUEST_GENERATION_TOKENS.key: "trtllm-serve has token counters but no per-request token histogram.",
-    V.PREEMPTIONS.key: "No TensorRT-LLM metric counts preemptions (num_paused_requests is a gauge).",
-}
 
 IGNORED = frozenset(
     {
@@ -349,7 +344,7 @@ ADAPTER = EngineAdapter(
     name=V.ENGINE_TRTLLM,
     rows=ROWS,
     prefixes=("trtllm_",),
-    unsupported=UNSUPPORTED,
+    unsupported=trtllm_facts.PROFILE.unsupported,
     ignored=IGNORED,
     extra_samples=(MAX_BLOCKS, TOKENS_PER_BLOCK, MAX_ACTIVE, *CACHE_INFO),
     hook=hook,

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from inferwatch.core import vocabulary as V
+from inferwatch.core.engines import vllm as vllm_facts
 from inferwatch.exporters.mapping import EngineAdapter, Row, TranslateContext, first, info_key, version_info
 from inferwatch.exporters.model import Snapshot
 from inferwatch.exporters.textparse import ParsedText
@@ -185,7 +186,7 @@ ADAPTER = EngineAdapter(
     name=V.ENGINE_VLLM,
     rows=ROWS,
     prefixes=(PREFIX, "vllm_"),
-    unsupported={},
+    unsupported=vllm_facts.PROFILE.unsupported,
     ignored=IGNORED,
     extra_samples=(CACHE_CONFIG_INFO,),
     hook=hook,

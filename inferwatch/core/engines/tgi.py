@@ -109,6 +109,18 @@ FLAGS: tuple[Flag, ...] = (
     ),
 )
 
+UNSUPPORTED: dict[str, str] = {
+    V.TIME_TO_FIRST_TOKEN.key: "TGI has no time-to-first-token metric; per-request TTFT comes from its "
+    "traces (collector). Left absent rather than estimated.",
+    V.REQUEST_PREFILL.key: "TGI records prefill time per batch step (tgi_batch_inference_duration), not per request.",
+    V.REQUEST_DECODE.key: "TGI has no per-request decode time.",
+    V.PREEMPTIONS.key: "TGI does not count preemptions.",
+    V.PREFIX_CACHE_QUERIED_TOKENS.key: "TGI exposes no prefix-cache metric.",
+    V.PREFIX_CACHE_HIT_TOKENS.key: "TGI exposes no prefix-cache metric.",
+    V.SPEC_DECODE_DRAFT_TOKENS.key: "TGI reports only accepted speculative tokens, not drafts.",
+}
+
+
 PROFILE = EngineProfile(
     name=V.ENGINE_TGI,
     title="TGI",
@@ -116,6 +128,7 @@ PROFILE = EngineProfile(
     images=("text-generation-inference",),
     model_flags=("--model-id",),
     flags=FLAGS,
+    unsupported=UNSUPPORTED,
     knobs={
         Knob.QUANTIZATION: "--quantize awq (or gptq, marlin, fp8; bitsandbytes-nf4 for very low memory)",
         Knob.KV_CACHE_DTYPE: "--kv-cache-dtype fp8_e4m3fn",

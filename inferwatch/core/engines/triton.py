@@ -52,6 +52,18 @@ FLAGS: tuple[Flag, ...] = (
     ),
 )
 
+UNSUPPORTED: dict[str, str] = {
+    V.TIME_PER_OUTPUT_TOKEN.key: "Triton's TensorRT-LLM backend exports no per-token latency.",
+    V.INTER_TOKEN_LATENCY.key: "Triton's TensorRT-LLM backend exports no per-token latency.",
+    V.REQUEST_PREFILL.key: "Only per-request output tensors carry phase timestamps.",
+    V.REQUEST_DECODE.key: "Only per-request output tensors carry phase timestamps.",
+    V.PREEMPTIONS.key: "Not counted (paused_requests is a gauge of the current iteration).",
+    V.PREFIX_CACHE_QUERIED_TOKENS.key: "Only reused blocks are exported, no lookups or misses.",
+    V.SPEC_DECODE_DRAFT_TOKENS.key: "Speculative-decoding stats are not exported by the backend.",
+    V.SPEC_DECODE_ACCEPTED_TOKENS.key: "Speculative-decoding stats are not exported by the backend.",
+}
+
+
 PROFILE = EngineProfile(
     name=V.ENGINE_TRITON,
     title="Triton (TensorRT-LLM backend)",
@@ -63,6 +75,7 @@ PROFILE = EngineProfile(
     images=("tritonserver", "tensorrtllm_backend"),
     model_flags=("--model-repository", "--model_repo", "--model-repo"),
     flags=FLAGS,
+    unsupported=UNSUPPORTED,
     knobs={
         Knob.QUANTIZATION: "rebuild the engine from a quantized checkpoint (quantize.py --qformat fp8 or int4_awq)",
         Knob.KV_CACHE_DTYPE: "rebuild with quantize.py --kv_cache_dtype fp8",

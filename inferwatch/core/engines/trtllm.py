@@ -76,12 +76,21 @@ FLAGS: tuple[Flag, ...] = (
     Flag(Knob.MAX_CONTEXT, ("--max_seq_len", "max_seq_len"), FlagKind.INT, None, "sequence length at most"),
 )
 
+UNSUPPORTED: dict[str, str] = {
+    V.INTER_TOKEN_LATENCY.key: "trtllm-serve exports only the per-request mean (time per output token).",
+    V.REQUEST_PROMPT_TOKENS.key: "trtllm-serve has token counters but no per-request token histogram.",
+    V.REQUEST_GENERATION_TOKENS.key: "trtllm-serve has token counters but no per-request token histogram.",
+    V.PREEMPTIONS.key: "No TensorRT-LLM metric counts preemptions (num_paused_requests is a gauge).",
+}
+
+
 PROFILE = EngineProfile(
     name=V.ENGINE_TRTLLM,
     title="TensorRT-LLM (trtllm-serve)",
     commands=(("trtllm-serve", "serve"), ("trtllm-serve",)),
     model_flags=(),
     flags=FLAGS,
+    unsupported=UNSUPPORTED,
     knobs={
         Knob.QUANTIZATION: "serve a pre-quantized checkpoint (ModelOpt FP8 on Hopper, NVFP4 on Blackwell, INT4 AWQ)",
         Knob.KV_CACHE_DTYPE: "--kv_cache_dtype fp8 (YAML kv_cache_config.dtype: fp8)",

@@ -16,7 +16,7 @@ from fastapi import FastAPI
 from sqlalchemy import Engine
 
 from inferwatch.collector.config import CollectorSettings
-from inferwatch.collector.routes import health, otlp, requests, stats
+from inferwatch.collector.routes import health, oncall, otlp, requests, stats
 from inferwatch.collector.service import build
 
 API_PREFIX: Final = "/api/v1"
@@ -32,6 +32,7 @@ def create_app(settings: CollectorSettings, engine: Engine | None = None, start_
         try:
             yield
         finally:
+            await collector.oncall.close()
             await asyncio.to_thread(collector.stop)
 
     app = FastAPI(
@@ -44,4 +45,5 @@ def create_app(settings: CollectorSettings, engine: Engine | None = None, start_
     app.include_router(health.router)
     app.include_router(requests.router, prefix=API_PREFIX)
     app.include_router(stats.router, prefix=API_PREFIX)
+    app.include_router(oncall.router, prefix=API_PREFIX)
     return app

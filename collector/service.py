@@ -14,6 +14,7 @@ from sqlalchemy import Engine
 
 from inferwatch.collector import db
 from inferwatch.collector.config import CollectorSettings
+from inferwatch.collector.diagnosis.service import OnCall
 from inferwatch.collector.grpc_server import start_grpc_server
 from inferwatch.collector.ingest import CollectorMetrics, Ingestor
 from inferwatch.collector.writer import Writer
@@ -31,6 +32,7 @@ class Collector:
     writer: Writer
     metrics: CollectorMetrics
     ingestor: Ingestor
+    oncall: OnCall
     owns_engine: bool = False
     """True when :func:`build` made the engine (then :meth:`stop` disposes it)."""
     grpc_server: Any = None
@@ -69,4 +71,28 @@ def build(settings: CollectorSettings, engine: Engine | None = None) -> Collecto
         retention=settings.retention_delta(),
     )
     metrics = CollectorMetrics()
-    return Collector(settings, engine, writer, metrics, Ingestor(writer, metrics), owns_engine=owns_engine)
+    return Collector(
+        settings, engine, writer, metrics, Ingestor(writer, metrics), oncall(settings), owns_engine=owns_engine
+    )
+
+
+def oncall(settings: CollectorSettings) -> OnCall:
+    """The on-call surface configured from the settings (its SLO file read now: a bad one fails the start)."""
+    from inferwatch.core import resources
+    from inferwatch.core.config import InferwatchSettings
+    from inferwatch.core.engines import builtin_profiles
+    from inferwatch.core.slo import load
+    from inferwatch.core.symptoms import Symptom
+
+    path = settings.slo_file or resources.default_slo_path()
+    slos = load(path, InferwatchSettings().vocabulary())
+    return OnCall(
+        profiles=builtin_profiles(),
+        slos=slos,
+        prometheus_url=settings.prometheus_url,
+        exporter_urls=list(settings.exporters),
+        timeout=settings.upstream_timeout_seconds,
+        interval=settings.exporter_interval_seconds,
+        overrides={Symptom(k): v for k, v in settings.diagnose_thresholds.items()},
+        gpu=settings.gpu,
+    )

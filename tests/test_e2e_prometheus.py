@@ -9,19 +9,13 @@ preemption alert pending or firing. Every process is stopped at the end.
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
 import pytest
-import yaml
 
 from inferwatch.alerts.generate import generate as generate_alerts
 from inferwatch.core import vocabulary as V
@@ -29,6 +23,7 @@ from inferwatch.core.slo import parse as parse_slos
 from inferwatch.exporters.coverage import matrix
 from inferwatch.exporters.engines import builtin_registry
 from tests.conftest import ROOT, free_port, require_tool
+from tests.support.stack import Processes, exporter_cmd, prometheus_cmd, simulator_cmd, write_prometheus_config
 
 ENGINES = (V.ENGINE_VLLM, V.ENGINE_TGI, V.ENGINE_TRTLLM, V.ENGINE_TRITON)
 WARM_UP_SECONDS = 25
@@ -47,7 +42,6 @@ FAST_ALERTS = {
 class Stack:
     prometheus: str
     sims: dict[str, str]
-    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
     def rule_errors(self) -> list[str]:
         """Rules Prometheus could not evaluate (for failure messages)."""
@@ -62,19 +56,6 @@ class Stack:
         return result
 
 
-def _wait_http(url: str, deadline: float, proc: subprocess.Popen[bytes]) -> None:
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url, timeout=2).status_code < 500:
-                return
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None:
-            raise RuntimeError(f"process for {url} exited with {proc.returncode}")
-        time.sleep(0.2)
-    raise RuntimeError(f"{url} did not come up")
-
-
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     prometheus_bin = require_tool("prometheus")
@@ -85,100 +66,29 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     spec = spec.model_copy(update={"alerts": spec.alerts.model_copy(update=FAST_ALERTS)})
     files = generate_alerts(spec, V.Vocabulary())
     (tmp / "rules.yml").write_text(files["rules.yml"])
-    procs: list[subprocess.Popen[bytes]] = []
+    procs = Processes(tmp / "logs", cwd=ROOT)
     sims: dict[str, str] = {}
     exporters: dict[str, str] = {}
-    py = [sys.executable, "-m", "inferwatch"]
-    logs = tmp / "logs"
-    logs.mkdir()
-    handles: list[Any] = []
-
-    def spawn(name: str, cmd: list[str]) -> subprocess.Popen[bytes]:
-        log = (logs / f"{name}.log").open("wb")
-        handles.append(log)
-        p = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        procs.append(p)
-        return p
-
     try:
         for i, engine in enumerate(ENGINES):
             sp, ep = free_port(), free_port()
             sims[engine] = f"http://127.0.0.1:{sp}"
             exporters[engine] = f"127.0.0.1:{ep}"
-            spawn(
-                f"{engine}-sim",
-                [
-                    *py,
-                    "simulate",
-                    "--engine",
-                    engine,
-                    "--port",
-                    str(sp),
-                    "--model",
-                    f"{engine}-model",
-                    "--seed",
-                    str(i),
-                    "--speed",
-                    "2",
-                ],
-            )
-            extra = ["--engine-option", "max_batch_total_tokens=16384"] if engine == V.ENGINE_TGI else []
-            spawn(
-                f"{engine}-exporter",
-                [
-                    *py,
-                    "exporter",
-                    "serve",
-                    "--target",
-                    sims[engine],
-                    "--engine",
-                    engine,
-                    "--listen",
-                    exporters[engine],
-                    "--log-level",
-                    "warning",
-                    *extra,
-                ],
-            )
+            procs.spawn(f"{engine}-sim", simulator_cmd(engine, sp, model=f"{engine}-model", seed=i, speed=2))
+            options = {"max_batch_total_tokens": 16384} if engine == V.ENGINE_TGI else None
+            procs.spawn(f"{engine}-exporter", exporter_cmd(engine, sims[engine], exporters[engine], options))
         prom_port = free_port()
-        config = {
-            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-            "rule_files": [str(tmp / "rules.yml")],
-            "scrape_configs": [
-                {"job_name": f"inferwatch-{engine}", "static_configs": [{"targets": [exporters[engine]]}]}
-                for engine in ENGINES
-            ],
-        }
-        (tmp / "prometheus.yml").write_text(yaml.safe_dump(config))
-        prom = spawn(
-            "prometheus",
-            [
-                prometheus_bin,
-                f"--config.file={tmp / 'prometheus.yml'}",
-                f"--storage.tsdb.path={tmp / 'data'}",
-                f"--web.listen-address=127.0.0.1:{prom_port}",
-                "--log.level=warn",
-            ],
-        )
+        jobs = {f"inferwatch-{engine}": [exporters[engine]] for engine in ENGINES}
+        write_prometheus_config(tmp / "prometheus.yml", jobs, [tmp / "rules.yml"])
+        procs.spawn("prometheus", prometheus_cmd(prometheus_bin, tmp / "prometheus.yml", tmp / "data", prom_port))
         base = f"http://127.0.0.1:{prom_port}"
-        deadline = time.monotonic() + 60
-        _wait_http(f"{base}/-/ready", deadline, prom)
+        procs.wait_http("prometheus", f"{base}/-/ready")
         for engine in ENGINES:
-            _wait_http(f"http://{exporters[engine]}/metrics", deadline, procs[0])
+            procs.wait_http(f"{engine}-exporter", f"http://{exporters[engine]}/metrics")
         time.sleep(WARM_UP_SECONDS)
-        yield Stack(base, sims, procs)
+        yield Stack(base, sims)
     finally:
-        for p in procs:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(p.pid, signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
-        for h in handles:
-            h.close()
+        procs.close()
 
 
 # Signals an engine exposes only with a feature the simulators run without: vLLM registers its

@@ -260,8 +260,10 @@ class ServingModel:
             start_at = max(seq.computed, cached)
             chunk = min(seq.target_len - start_at, budget)
             need = self._blocks_for(start_at + chunk) - seq.blocks
-            if need > self.free_blocks:
-                break  # no KV room: the queue waits (vLLM admits only what fits)
+            if self._blocks_for(seq.target_len) - seq.blocks > self.free_blocks:
+                # no KV room for its whole prompt: the queue waits. Admitting on the first chunk alone
+                # lets a long prompt that cannot finish its prefill preempt itself step after step.
+                break
             self.waiting.popleft()
             if p.error_rate and seq.first_scheduled is None and self.rng.random() < p.error_rate:
                 seq.finish = Finish.ERROR

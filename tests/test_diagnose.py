@@ -37,6 +37,7 @@ HEALTHY: dict[Signal, float] = {
     Signal.TTFT_QUEUE_SHARE: 0.05,
     Signal.PREFILL_P99: 0.05,
     Signal.PROMPT_TOKENS_MEAN: 200,
+    Signal.PREFILL_DECODE_RATIO: 1.5,
     Signal.TPOT_P99: 0.01,
     Signal.GENERATION_RATE: 500,
 }
@@ -88,6 +89,14 @@ def test_each_symptom_and_only_it(change: dict[Signal, float], symptom: Symptom,
         [(symptom, severity)] if severity is Status.CRITICAL else []
     )
     assert (symptom, severity) in [(f.symptom, f.severity) for f in result.findings]
+
+
+def test_slow_tokens_behind_long_prefills_are_not_a_model_problem() -> None:
+    """Decodes that share steps with long prompts' prefill are slow; the model is not too big."""
+    long_prompts = {**HEALTHY, Signal.TPOT_P99: 0.4, Signal.PREFILL_DECODE_RATIO: 40.0, Signal.TTFT_P99: 1.2}
+    got = statuses(fleet_of((VLLM, long_prompts)))
+    assert got[Symptom.TPOT_SLOW] is Status.OK
+    assert got[Symptom.TTFT_SLOW] is Status.CRITICAL
 
 
 def test_ttft_from_queueing_is_not_a_prompt_problem() -> None:

@@ -178,6 +178,9 @@ def _signals(url: str, first: _Scrape, second: _Scrape, fleet: Fleet) -> None:
         generated = delta(key, V.GENERATION_TOKENS.name)
         if generated is not None:
             target.put(Signal.GENERATION_RATE, generated / dt, shown(V.GENERATION_TOKENS.name, key))
+            if prompt is not None and generated > 0:
+                how = f"{shown(V.PROMPT_TOKENS.name, key)}; {shown(V.GENERATION_TOKENS.name, key)}"
+                target.put(Signal.PREFILL_DECODE_RATIO, prompt / generated, how)
         info = second.info.get(key) or first.info.get(key)
         if info:
             target.info = dict(info)

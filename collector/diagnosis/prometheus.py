@@ -105,6 +105,7 @@ def fleet_queries(window: str, filters: Filters) -> dict[str, str]:
         Signal.TTFT_QUEUE_SHARE: f"{mean(V.REQUEST_QUEUE)} / {mean(V.TIME_TO_FIRST_TOKEN)}",
         Signal.PREFILL_P99: p99(V.REQUEST_PREFILL),
         Signal.PROMPT_TOKENS_MEAN: f"{rate(V.PROMPT_TOKENS.name)} / {rate(V.REQUESTS.name)}",
+        Signal.PREFILL_DECODE_RATIO: f"{rate(V.PROMPT_TOKENS.name)} / {rate(V.GENERATION_TOKENS.name)}",
         Signal.TPOT_P99: p99(V.TIME_PER_OUTPUT_TOKEN),
         Signal.GENERATION_RATE: rate(V.GENERATION_TOKENS.name),
     }

@@ -66,6 +66,7 @@ class Signal(StrEnum):
     TTFT_QUEUE_SHARE = "ttft_queue_share"
     PREFILL_P99 = "prefill_p99"
     PROMPT_TOKENS_MEAN = "prompt_tokens_mean"
+    PREFILL_DECODE_RATIO = "prefill_decode_ratio"
     TPOT_P99 = "tpot_p99"
     GENERATION_RATE = "generation_rate"
     MAX_CONCURRENCY = "max_concurrency"
@@ -114,6 +115,12 @@ SIGNALS: Final[Mapping[Signal, SignalSpec]] = {
         ),
         SignalSpec(Signal.PREFILL_P99, "P99 prefill time (scheduled to first token)", "s", (V.REQUEST_PREFILL,)),
         SignalSpec(Signal.PROMPT_TOKENS_MEAN, "mean prompt length", "tokens", (V.PROMPT_TOKENS, V.REQUESTS)),
+        SignalSpec(
+            Signal.PREFILL_DECODE_RATIO,
+            "prompt tokens per generated token",
+            "×",
+            (V.PROMPT_TOKENS, V.GENERATION_TOKENS),
+        ),
         SignalSpec(Signal.TPOT_P99, "P99 time per output token", "s", (V.TIME_PER_OUTPUT_TOKEN,)),
         SignalSpec(Signal.GENERATION_RATE, "output tokens per second", "tok/s", (V.GENERATION_TOKENS,)),
         SignalSpec(
@@ -281,7 +288,7 @@ CATALOGUE: Final[tuple[SymptomSpec, ...]] = (
                 description="queueing is less than half of the first token's time",
             ),
         ),
-        evidence=(Signal.PREFILL_P99, Signal.PROMPT_TOKENS_MEAN, Signal.QUEUE_P99),
+        evidence=(Signal.PREFILL_P99, Signal.PROMPT_TOKENS_MEAN, Signal.PREFILL_DECODE_RATIO, Signal.TPOT_P99),
         slo_metric=V.TIME_TO_FIRST_TOKEN,
         runbook="slo-burn",
     ),
@@ -295,6 +302,13 @@ CATALOGUE: Final[tuple[SymptomSpec, ...]] = (
             Remedy("serve a smaller or quantized model", (Knob.QUANTIZATION,)),
             Remedy("shard with tensor parallelism", (Knob.TENSOR_PARALLEL,)),
             Remedy("speculative decoding", (Knob.SPECULATIVE_DECODING,)),
+        ),
+        gates=(
+            Gate(
+                Signal.PREFILL_DECODE_RATIO,
+                below=10.0,
+                description="decode-bound traffic (with more prompt tokens, long prefills stall the decodes)",
+            ),
         ),
         evidence=(Signal.RUNNING, Signal.GENERATION_RATE),
         slo_metric=V.TIME_PER_OUTPUT_TOKEN,

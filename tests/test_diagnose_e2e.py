@@ -200,3 +200,29 @@ def test_faults_and_bad_input(fleet: Fleet, tmp_path: Path) -> None:
         r = client.get("/api/v1/diagnose")
         assert r.status_code == 200, r.text
         assert r.json()["source"] == "exporters" and closed in r.json()["note"]
+
+
+def test_the_terminal_report(fleet: Fleet) -> None:
+    from typer.testing import CliRunner
+
+    from inferwatch.cli import app
+
+    runner = CliRunner(env={"COLUMNS": "80"})
+    result = runner.invoke(app, ["diagnose", "--prometheus", fleet.prometheus, "--window", WINDOW])
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    assert max(len(line) for line in out.splitlines()) <= 80
+    assert "CRITICAL preemptions  vllm / kv-pressure" in out
+    assert "CRITICAL latency_p99_high  vllm / queue-buildup" in out
+    assert "Remedy:   lower the concurrency limit (vLLM: --max-num-seqs)" in out
+    assert "increase(" in out  # the PromQL evidence
+    assert "tgi ttft: TGI has no time-to-first-token metric" in out
+    failing = runner.invoke(
+        app, ["diagnose", "--prometheus", fleet.prometheus, "--window", WINDOW, "--fail-on", "critical"]
+    )
+    assert failing.exit_code == 1
+    as_json = runner.invoke(app, ["diagnose", "--prometheus", fleet.prometheus, "--window", WINDOW, "--json"])
+    check_profiles(Diagnosis.model_validate_json(as_json.stdout), fleet)
+    slos = runner.invoke(app, ["slos", "--prometheus", fleet.prometheus])
+    assert slos.exit_code == 0, slos.output
+    assert "availability" in slos.stdout and "burn rate" in slos.stdout

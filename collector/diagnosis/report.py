@@ -83,6 +83,7 @@ class CapacityPlan(BaseModel):
     kv_bytes_per_token: float = Field(description="all layers and KV heads, over every tensor-parallel GPU")
     kv_bytes_per_token_per_gpu: float
     kv_bytes_per_sequence: float | None = Field(description="one sequence of max_model_len tokens")
+    kv_bytes_for_batch: float | None = Field(description="batch sequences of max_model_len tokens")
     weights_bytes: float | None
     weights_estimated: bool
     kv_budget_bytes_per_gpu: float | None

@@ -111,6 +111,7 @@ async def capacity(
     weights_gib: Annotated[float | None, Query(gt=0, description="all the weights")] = None,
     block_size: Annotated[int, Query(ge=1)] = 16,
     average_tokens: Annotated[int | None, Query(gt=0, description="prompt + output of a typical request")] = None,
+    batch: Annotated[int | None, Query(gt=0, description="sequences of max_model_len to size the cache for")] = None,
     window: Window = "10m",
     llm_engine: EngineFilter = None,
     model: ModelFilter = None,
@@ -137,6 +138,7 @@ async def capacity(
                 weights_bytes=weights_gib * GIB if weights_gib else None,
                 block_size=block_size,
                 average_sequence_tokens=average_tokens,
+                batch=batch,
             )
         return await collector.oncall.capacity(plan, window, Filters(llm_engine, model, instance))
     except CapacityError as exc:

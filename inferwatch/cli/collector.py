@@ -38,11 +38,23 @@ def collector_serve(
     ingest_token: Annotated[list[str] | None, typer.Option(help="Bearer token for OTLP (repeatable).")] = None,
     read_token: Annotated[list[str] | None, typer.Option(help="Bearer token for the API (repeatable).")] = None,
     insecure: Annotated[bool, typer.Option(help="Allow a non-loopback address without tokens.")] = False,
+    prometheus_url: Annotated[
+        str | None, typer.Option(help="Prometheus with the generated rules: the diagnosis and SLO status read it.")
+    ] = None,
+    exporter: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="Exporter URL the diagnosis scrapes without (or when it cannot read) Prometheus. Repeatable."
+        ),
+    ] = None,
+    slo: Annotated[Path | None, typer.Option(help="SLO file (default: the SLOs that ship with inferwatch).")] = None,
+    gpu: Annotated[str | None, typer.Option(help="GPU model of the fleet (e.g. H100), for the checklist.")] = None,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
 ) -> None:
     """Receive OTLP traces (vLLM, TGI, trtllm-serve, any GenAI spans), store one row per LLM request.
 
-    Migrations run at start when the database is empty. The read API is at /api/v1 (OpenAPI at /docs).
+    Migrations run at start when the database is empty. The read API is at /api/v1 (OpenAPI at /docs);
+    with --prometheus-url or --exporter it also answers /api/v1/diagnose, /checklist, /capacity and /slos.
     """
     import asyncio
     import contextlib
@@ -61,6 +73,10 @@ def collector_serve(
         ingest_tokens=ingest_token,
         read_tokens=read_token,
         insecure=insecure or None,
+        prometheus_url=prometheus_url,
+        exporters=exporter,
+        slo_file=slo,
+        gpu=gpu,
     )
     try:
         settings.check_exposure()

@@ -165,6 +165,8 @@ class Plan:
     block_size: int = 16
     average_sequence_tokens: int | None = None
     """prompt + output tokens of a typical request, to turn capacity into concurrent sequences."""
+    batch: int | None = None
+    """sequences of ``max_model_len`` tokens to size the cache for (the formula's batch)."""
 
     def __post_init__(self) -> None:
         if not 0 < self.gpu_memory_utilization <= 1:
@@ -177,7 +179,7 @@ class Plan:
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise CapacityError(f"{name}: must be positive, got {value}")
-        for name in ("max_model_len", "average_sequence_tokens"):
+        for name in ("max_model_len", "average_sequence_tokens", "batch"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise CapacityError(f"{name}: must be >= 1, got {value}")
@@ -196,6 +198,8 @@ class CapacityReport:
     kv_bytes_per_token_per_gpu: float
     kv_bytes_per_sequence: float | None
     """one sequence of ``max_model_len`` tokens."""
+    kv_bytes_for_batch: float | None
+    """``batch`` sequences of ``max_model_len`` tokens: the formula's total."""
     weights_bytes: float | None
     weights_estimated: bool
     kv_budget_bytes_per_gpu: float | None
@@ -262,6 +266,7 @@ def plan_capacity(plan: Plan) -> CapacityReport:
         kv_bytes_per_token=per_token,
         kv_bytes_per_token_per_gpu=per_token_gpu,
         kv_bytes_per_sequence=per_seq,
+        kv_bytes_for_batch=per_seq * plan.batch if per_seq is not None and plan.batch else None,
         weights_bytes=weights,
         weights_estimated=estimated,
         kv_budget_bytes_per_gpu=budget,

@@ -46,7 +46,7 @@ def operating_notes() -> str:
         "",
         "| symptom | likely cause | remedy |",
         "|---|---|---|",
-        *(f"| {s} | {c} | {r} |" for s, c, r in knowledge.SYMPTOM_TABLE),
+        *(f"| {s} | {c} | {r} |" for s, c, r in knowledge.symptom_table()),
         "",
         f"**KV-cache size** (bytes) = {knowledge.KV_CACHE_FORMULA}.",
         "",

@@ -187,10 +187,13 @@ class SymptomSpec:
     """when one of these is critical for the same target, this one is its consequence: at most a warning."""
     alerts: tuple[str, ...] = ()
     """alert names whose firing points at this symptom (webhook enrichment)."""
-    runbook: str = ""
-    """anchor in the generated runbooks."""
     slo_metric: V.MetricSpec | None = None
     """a latency SLO on this metric sets the warning threshold (critical: twice it)."""
+
+    @property
+    def runbook(self) -> str:
+        """Its section's anchor in the generated runbooks (``runbooks.md#<id>``)."""
+        return self.id.value
 
     def signals(self) -> tuple[Signal, ...]:
         out = [self.threshold.signal]
@@ -233,7 +236,6 @@ CATALOGUE: Final[tuple[SymptomSpec, ...]] = (
         gates=(Gate(Signal.PREEMPTION_RATE, above=0.0, description="preemptions in the window"),),
         evidence=(Signal.PREEMPTION_RATE, Signal.KV_USAGE, Signal.WAITING, Signal.KV_CAPACITY),
         alerts=(V.ALERT_PREEMPTIONS_SUSTAINED, V.ALERT_KV_SATURATED, V.ALERT_KV_EXHAUSTION_PREDICTED),
-        runbook=V.ALERT_PREEMPTIONS_SUSTAINED.lower(),
     ),
     SymptomSpec(
         Symptom.LATENCY_P99_HIGH,
@@ -249,7 +251,6 @@ CATALOGUE: Final[tuple[SymptomSpec, ...]] = (
         evidence=(Signal.E2E_P99, Signal.QUEUE_SHARE, Signal.RUNNING),
         secondary_to=(Symptom.PREEMPTIONS,),
         alerts=(V.ALERT_QUEUE_BACKLOG_GROWING,),
-        runbook=V.ALERT_QUEUE_BACKLOG_GROWING.lower(),
     ),
     SymptomSpec(
         Symptom.THROUGHPUT_LOW,
@@ -268,7 +269,6 @@ CATALOGUE: Final[tuple[SymptomSpec, ...]] = (
         evidence=(Signal.RUNNING, Signal.GENERATION_RATE, Signal.KV_CAPACITY),
         secondary_to=(Symptom.PREEMPTIONS,),
         alerts=(V.ALERT_KV_SATURATED,),
-        runbook=V.ALERT_KV_SATURATED.lower(),
     ),
     SymptomSpec(
         Symptom.TTFT_SLOW,
@@ -290,7 +290,6 @@ CATALOGUE: Final[tuple[SymptomSpec, ...]] = (
         ),
         evidence=(Signal.PREFILL_P99, Signal.PROMPT_TOKENS_MEAN, Signal.PREFILL_DECODE_RATIO, Signal.TPOT_P99),
         slo_metric=V.TIME_TO_FIRST_TOKEN,
-        runbook="slo-burn",
     ),
     SymptomSpec(
         Symptom.TPOT_SLOW,
@@ -312,7 +311,6 @@ CATALOGUE: Final[tuple[SymptomSpec, ...]] = (
         ),
         evidence=(Signal.RUNNING, Signal.GENERATION_RATE),
         slo_metric=V.TIME_PER_OUTPUT_TOKEN,
-        runbook="slo-burn",
     ),
     SymptomSpec(
         Symptom.ERROR_RATE_HIGH,
@@ -326,7 +324,6 @@ CATALOGUE: Final[tuple[SymptomSpec, ...]] = (
         ),
         gates=(Gate(Signal.REQUEST_RATE, above=0.0, description="requests finished in the window"),),
         alerts=(),
-        runbook="slo-burn",
     ),
     SymptomSpec(
         Symptom.STREAMS_ABORTED,
@@ -340,7 +337,6 @@ CATALOGUE: Final[tuple[SymptomSpec, ...]] = (
             Remedy("long requests starved by short ones: use request priority", (Knob.PRIORITY,)),
         ),
         gates=(Gate(Signal.REQUEST_RATE, above=0.0, description="requests finished in the window"),),
-        runbook="slo-burn",
     ),
 )
 

@@ -249,3 +249,13 @@ def test_exporter_urls() -> None:
     assert exporters.metrics_url("http://h:9400/custom") == "http://h:9400/custom"
     with pytest.raises(ValueError, match="exporter URL"):
         exporters.metrics_url("h:9400")
+
+
+def test_preemptions_are_seen_while_no_request_has_finished_yet() -> None:
+    """Under load a real CPU vLLM finished nothing in the first seconds, yet preempted: still diagnosed."""
+    a = exporters._parse(_exposition({"stop": 5}, 10, 8, [("+Inf", 5)]), "h:9400", 0.0)
+    b = exporters._parse(_exposition({"stop": 5}, 30, 9, [("+Inf", 5)]), "h:9400", 6.0)
+    fleet = Fleet("exporters", "6s", 6.0)
+    exporters._signals("http://h:9400/metrics", a, b, fleet)
+    result = diagnose(fleet, PROFILES)
+    assert [(f.symptom, f.severity) for f in result.findings] == [(Symptom.PREEMPTIONS, Status.CRITICAL)]

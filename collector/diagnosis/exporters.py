@@ -170,8 +170,10 @@ def _signals(url: str, first: _Scrape, second: _Scrape, fleet: Fleet) -> None:
         preempted = delta(key, V.PREEMPTIONS.name)
         if preempted is not None:
             target.put(Signal.PREEMPTION_RATE, preempted / dt, shown(V.PREEMPTIONS.name, key))
-            if finished:
-                target.put(Signal.PREEMPTIONS_PER_REQUEST, preempted / finished, shown(V.PREEMPTIONS.name, key))
+            if finished is not None:  # at least one: long requests may all still run in a short interval
+                target.put(
+                    Signal.PREEMPTIONS_PER_REQUEST, preempted / max(finished, 1.0), shown(V.PREEMPTIONS.name, key)
+                )
         prompt = delta(key, V.PROMPT_TOKENS.name)
         if prompt is not None and finished:
             target.put(Signal.PROMPT_TOKENS_MEAN, prompt / finished, shown(V.PROMPT_TOKENS.name, key))

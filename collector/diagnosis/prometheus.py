@@ -100,7 +100,7 @@ def fleet_queries(window: str, filters: Filters) -> dict[str, str]:
         Signal.KV_USAGE: f"max {by} (avg_over_time({V.KV_CACHE_USAGE.name}{sel}{w}))",
         Signal.KV_CAPACITY: f"sum {by} (max_over_time({V.KV_CACHE_CAPACITY.name}{sel}{w}))",
         Signal.PREEMPTION_RATE: rate(V.PREEMPTIONS.name),
-        Signal.PREEMPTIONS_PER_REQUEST: f"{increase(V.PREEMPTIONS.name)} / {increase(V.REQUESTS.name)}",
+        Signal.PREEMPTIONS_PER_REQUEST: f"{increase(V.PREEMPTIONS.name)} / clamp_min({increase(V.REQUESTS.name)}, 1)",
         Signal.TTFT_P99: p99(V.TIME_TO_FIRST_TOKEN),
         Signal.TTFT_QUEUE_SHARE: f"{mean(V.REQUEST_QUEUE)} / {mean(V.TIME_TO_FIRST_TOKEN)}",
         Signal.PREFILL_P99: p99(V.REQUEST_PREFILL),

@@ -102,7 +102,7 @@ SIGNALS: Final[Mapping[Signal, SignalSpec]] = {
         SignalSpec(Signal.PREEMPTION_RATE, "preemptions per second", "/s", (V.PREEMPTIONS,)),
         SignalSpec(
             Signal.PREEMPTIONS_PER_REQUEST,
-            "preemptions per finished request",
+            "preemptions per finished request (per one request when none finished in the window)",
             "ratio",
             (V.PREEMPTIONS, V.REQUESTS),
         ),

@@ -39,6 +39,7 @@ test: install ## run the whole test suite (real promtool; CI=1 turns skips of re
 bench: $(STAMP) ## benchmarks (exit non-zero when a target ratio is missed)
 	$(PY) -m bench.exporter
 	$(PY) -m bench.collector
+	$(PY) -m bench.diagnose
 
 demo: $(STAMP) ## the exporter end to end on replayed engine payloads (no Docker, no engine)
 	$(PY) -m inferwatch demo --duration 30

@@ -57,7 +57,14 @@ Result = tuple[Verdict, list[str], str | None]
 
 def _setting_text(setting: Setting) -> str:
     value = setting.value
-    shown = "on" if value is True else "off" if value is False else value
+    if value is True or value is False:
+        shown: object = "on" if value else "off"
+    elif value is None:
+        shown = "unset"
+    elif isinstance(value, float) and value.is_integer():
+        shown = int(value)
+    else:
+        shown = value
     where = setting.source if setting.source not in ("default", "fixed") else f"{setting.source}"
     note = f" ({setting.note})" if setting.note else ""
     return f"{setting.knob.value} = {shown} [{where}]{note}"

@@ -119,6 +119,10 @@ def _wrap(out: Console, text: str, indent: int, first: str = "", style: str = ""
         out.print(Text(line, style=style))
 
 
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
 SEVERITY_STYLE = {"critical": "bold red", "warning": "bold yellow", "ok": "green", "unknown": "dim"}
 SHORT = {
     "latency_p99_high": "latency",
@@ -255,7 +259,7 @@ def diagnose(
 
 
 def render_checklist(result: Checklist, out: Console) -> None:
-    _wrap(out, f"inferwatch checklist: {result.source}, {len(result.targets)} targets", 0, style="bold")
+    _wrap(out, f"inferwatch checklist: {result.source}, {_plural(len(result.targets), 'target')}", 0, style="bold")
     if result.note:
         _wrap(out, f"note: {result.note}", 0, style="yellow")
     style = {"pass": "green", "fail": "bold red", "unknown": "dim"}

@@ -259,3 +259,11 @@ def test_preemptions_are_seen_while_no_request_has_finished_yet() -> None:
     exporters._signals("http://h:9400/metrics", a, b, fleet)
     result = diagnose(fleet, PROFILES)
     assert [(f.symptom, f.severity) for f in result.findings] == [(Symptom.PREEMPTIONS, Status.CRITICAL)]
+
+
+def test_docs_cover_every_symptom() -> None:
+    from tests.conftest import ROOT
+
+    text = (ROOT / "docs" / "diagnostics.md").read_text()
+    for spec in CATALOGUE:
+        assert f"### `{spec.id.value}`" in text, spec.id

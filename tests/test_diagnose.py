@@ -267,3 +267,27 @@ def test_docs_cover_every_symptom() -> None:
     text = (ROOT / "docs" / "diagnostics.md").read_text()
     for spec in CATALOGUE:
         assert f"### `{spec.id.value}`" in text, spec.id
+
+
+def test_on_call_routes_need_the_read_token(tmp_path: Path) -> None:
+    from fastapi.testclient import TestClient
+
+    from inferwatch.collector.app import create_app
+    from inferwatch.collector.config import CollectorSettings
+
+    settings = CollectorSettings(data_dir=tmp_path, grpc_listen=None, read_tokens=["r"], ingest_tokens=["i"])
+    with TestClient(create_app(settings)) as client:
+        for path in ("/api/v1/diagnose", "/api/v1/checklist", "/api/v1/capacity", "/api/v1/slos"):
+            assert client.get(path).status_code == 401, path
+            assert client.get(path, headers={"Authorization": "Bearer i"}).status_code == 401, path
+        # with the token: nothing configured to read signals from
+        answer = client.get("/api/v1/diagnose", headers={"Authorization": "Bearer r"})
+        assert answer.status_code == 503 and "--prometheus-url" in answer.json()["detail"]
+        capacity = client.get(
+            "/api/v1/capacity",
+            params={"layers": 2, "kv_heads": 2, "head_dim": 32},
+            headers={"Authorization": "Bearer r"},
+        )
+        assert capacity.status_code == 200 and capacity.json()["plan"]["kv_bytes_per_token"] == 2 * 2 * 2 * 32 * 2
+        half = client.get("/api/v1/capacity", params={"layers": 2}, headers={"Authorization": "Bearer r"})
+        assert half.status_code == 422 and half.json()["detail"][0]["loc"] == ["query", "kv_heads"]

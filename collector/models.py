@@ -25,6 +25,7 @@ from sqlalchemy import (
     DateTime,
     Dialect,
     Double,
+    ForeignKey,
     Index,
     Integer,
     MetaData,
@@ -51,7 +52,21 @@ from inferwatch.core.schema import (
     REQUEST_TABLE as TABLE_NAME,
 )
 
-__all__ = ["ID_TYPE", "JSON_TYPE", "METADATA", "NAMING_CONVENTION", "REQUEST_TABLE", "TABLE_NAME", "UTCDateTime"]
+__all__ = [
+    "ALERTS_TABLE",
+    "DELIVERIES_TABLE",
+    "DELIVERY_ATTEMPTS_TABLE",
+    "ID_TYPE",
+    "INCIDENTS_TABLE",
+    "INCIDENT_EVENTS_TABLE",
+    "JSON_TYPE",
+    "METADATA",
+    "NAMING_CONVENTION",
+    "NOTIFICATIONS_TABLE",
+    "REQUEST_TABLE",
+    "TABLE_NAME",
+    "UTCDateTime",
+]
 
 NAMING_CONVENTION: Final[dict[str, str]] = {
     "ix": "ix_%(column_0_label)s",
@@ -136,3 +151,121 @@ REQUEST_TABLE: Final = Table(
     *(Index(f"ix_{TABLE_NAME}_{col}_stats", col, "start_time", "engine", "model") for col in (TTFT, TPOT, E2E, QUEUE)),
 )
 """One finished LLM request (one sequence) per row; ``received_at``: when the collector wrote it (UTC)."""
+
+
+# --- alert webhooks: notifications, incidents, alerts, their timeline, and the delivery outbox ---------------------
+NOTIFICATIONS_TABLE: Final = Table(
+    "alert_notifications",
+    METADATA,
+    Column("id", ID_TYPE, primary_key=True, autoincrement=True),
+    Column("received_at", UTCDateTime, nullable=False),
+    Column("receiver", String, nullable=False),
+    Column("status", String(16), nullable=False),
+    Column("group_key", Text, nullable=False),
+    Column("group_labels", JSON_TYPE, nullable=False),
+    Column("common_labels", JSON_TYPE, nullable=False),
+    Column("external_url", Text),
+    Column("alert_count", Integer, nullable=False),
+    Column("truncated_alerts", Integer, nullable=False),
+    Column("changes", Integer, nullable=False),
+    Index("ix_alert_notifications_received_at", "received_at"),
+)
+"""Every webhook call Alertmanager made (re-sends included); ``changes``: alert states it changed."""
+
+INCIDENTS_TABLE: Final = Table(
+    "incidents",
+    METADATA,
+    Column("id", ID_TYPE, primary_key=True, autoincrement=True),
+    Column("group_key", Text, nullable=False),
+    Column("status", String(16), nullable=False),
+    Column("title", Text, nullable=False),
+    Column("severity", String),
+    Column("labels", JSON_TYPE, nullable=False),
+    Column("opened_at", UTCDateTime, nullable=False),
+    Column("updated_at", UTCDateTime, nullable=False),
+    Column("resolved_at", UTCDateTime),
+    Column("enrichment_state", String(16), nullable=False),
+    Column("enrichment", JSON_TYPE),
+    Column("enriched_at", UTCDateTime),
+    Index("ix_incidents_status_opened_at", "status", "opened_at"),
+    Index("ix_incidents_group_key", "group_key"),
+)
+"""One episode of an Alertmanager group: opened by its first firing alert, resolved with its last."""
+
+ALERTS_TABLE: Final = Table(
+    "alerts",
+    METADATA,
+    Column("id", ID_TYPE, primary_key=True, autoincrement=True),
+    Column("incident_id", ID_TYPE, ForeignKey("incidents.id", ondelete="CASCADE"), nullable=False),
+    Column("fingerprint", String(64), nullable=False),
+    Column("starts_at", UTCDateTime, nullable=False),
+    Column("ends_at", UTCDateTime),
+    Column("status", String(16), nullable=False),
+    Column("alertname", String, nullable=False),
+    Column("severity", String),
+    Column("labels", JSON_TYPE, nullable=False),
+    Column("annotations", JSON_TYPE, nullable=False),
+    Column("generator_url", Text),
+    Column("first_seen_at", UTCDateTime, nullable=False),
+    Column("last_seen_at", UTCDateTime, nullable=False),
+    Column("resolved_at", UTCDateTime),
+    Column("times_seen", Integer, nullable=False),
+    UniqueConstraint("fingerprint", "starts_at"),
+    Index("ix_alerts_incident_id", "incident_id"),
+)
+"""One alert (Alertmanager's fingerprint and ``startsAt``), stored once however often it is re-sent."""
+
+INCIDENT_EVENTS_TABLE: Final = Table(
+    "incident_events",
+    METADATA,
+    Column("id", ID_TYPE, primary_key=True, autoincrement=True),
+    Column("incident_id", ID_TYPE, ForeignKey("incidents.id", ondelete="CASCADE"), nullable=False),
+    Column("at", UTCDateTime, nullable=False),
+    Column("kind", String(32), nullable=False),
+    Column("detail", Text, nullable=False),
+    Column("alert_id", ID_TYPE),
+    Column("forward", Boolean, nullable=False),
+    Column("fanned_out", Boolean, nullable=False),
+    Index("ix_incident_events_incident_id", "incident_id"),
+    Index("ix_incident_events_fanned_out", "forward", "fanned_out"),
+)
+"""The incident's timeline; events with ``forward`` become one delivery per matching receiver."""
+
+DELIVERIES_TABLE: Final = Table(
+    "deliveries",
+    METADATA,
+    Column("id", ID_TYPE, primary_key=True, autoincrement=True),
+    Column("incident_id", ID_TYPE, ForeignKey("incidents.id", ondelete="CASCADE"), nullable=False),
+    Column("event_id", ID_TYPE, ForeignKey("incident_events.id", ondelete="CASCADE"), nullable=False),
+    Column("receiver", String, nullable=False),
+    Column("format", String(16), nullable=False),
+    Column("url", Text, nullable=False),
+    Column("idempotency_key", String(64), nullable=False),
+    Column("payload", JSON_TYPE, nullable=False),
+    Column("state", String(16), nullable=False),
+    Column("attempts", Integer, nullable=False),
+    Column("max_attempts", Integer, nullable=False),
+    Column("created_at", UTCDateTime, nullable=False),
+    Column("next_attempt_at", UTCDateTime, nullable=False),
+    Column("lease_until", UTCDateTime),
+    Column("delivered_at", UTCDateTime),
+    Column("last_status", Integer),
+    Column("last_error", Text),
+    UniqueConstraint("idempotency_key"),
+    UniqueConstraint("event_id", "receiver"),
+    Index("ix_deliveries_state_next_attempt_at", "state", "next_attempt_at"),
+    Index("ix_deliveries_incident_id", "incident_id"),
+)
+"""The outbox: one row per (event, receiver); retried with backoff until delivered or dead."""
+
+DELIVERY_ATTEMPTS_TABLE: Final = Table(
+    "delivery_attempts",
+    METADATA,
+    Column("id", ID_TYPE, primary_key=True, autoincrement=True),
+    Column("delivery_id", ID_TYPE, ForeignKey("deliveries.id", ondelete="CASCADE"), nullable=False),
+    Column("at", UTCDateTime, nullable=False),
+    Column("status_code", Integer),
+    Column("error", Text),
+    Column("duration_seconds", Double, nullable=False),
+    Index("ix_delivery_attempts_delivery_id", "delivery_id"),
+)

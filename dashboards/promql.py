@@ -13,15 +13,16 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
+from inferwatch.core import links
 from inferwatch.core import vocabulary as V
 from inferwatch.dashboards.model import PROMETHEUS_TYPE, PROMETHEUS_UID, Query, Variable
 
 # template variables
-VAR_DATASOURCE = "datasource"
-VAR_SQL_DATASOURCE = "sqldatasource"
-VAR_ENGINE = "engine"
-VAR_MODEL = "model"
-VAR_INSTANCE = "instance"
+VAR_DATASOURCE = links.VAR_DATASOURCE
+VAR_SQL_DATASOURCE = links.VAR_SQL_DATASOURCE
+VAR_ENGINE = links.VAR_ENGINE
+VAR_MODEL = links.VAR_MODEL
+VAR_INSTANCE = links.VAR_INSTANCE
 INSTANCE_LABEL = "instance"
 ALL_VALUE = ".*"
 

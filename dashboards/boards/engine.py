@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from inferwatch.core import links
 from inferwatch.core import vocabulary as V
 from inferwatch.dashboards.model import (
     HEATMAP,
@@ -30,7 +31,7 @@ from inferwatch.dashboards.promql import (
     sum_rate,
 )
 
-UID = "inferwatch-engine"
+UID = links.UID_ENGINE
 """stable: Grafana upserts provisioned dashboards by uid."""
 
 
@@ -138,7 +139,7 @@ def board() -> DashboardSpec:
         )
     return DashboardSpec(
         UID,
-        "LLM Engine Detail",
+        links.DASHBOARD_TITLES[UID],
         f"Phases, caches, configuration and request lengths of one engine. {NOTE}",
         prom_variables(),
         tuple(panels),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from inferwatch.core import links
 from inferwatch.core import vocabulary as V
 from inferwatch.dashboards.model import (
     NOTE,
@@ -32,7 +33,7 @@ from inferwatch.dashboards.promql import (
     sum_rate,
 )
 
-UID = "inferwatch-fleet"
+UID = links.UID_FLEET
 """stable: Grafana upserts provisioned dashboards by uid."""
 
 
@@ -212,7 +213,7 @@ def board() -> DashboardSpec:
     ]
     return DashboardSpec(
         UID,
-        "LLM Fleet Overview",
+        links.DASHBOARD_TITLES[UID],
         f"Traffic, latency and saturation of every engine and model. {NOTE}",
         prom_variables(),
         tuple(panels),

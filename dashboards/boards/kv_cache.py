@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from inferwatch.core import knowledge
+from inferwatch.core import knowledge, links
 from inferwatch.core import vocabulary as V
 from inferwatch.dashboards.model import (
     NOTE,
@@ -31,7 +31,7 @@ from inferwatch.dashboards.promql import (
     sum_rate,
 )
 
-UID = "inferwatch-kv-cache"
+UID = links.UID_KV_CACHE
 """stable: Grafana upserts provisioned dashboards by uid."""
 
 
@@ -156,7 +156,7 @@ def board() -> DashboardSpec:
     ]
     return DashboardSpec(
         UID,
-        "LLM KV Cache & Scheduling",
+        links.DASHBOARD_TITLES[UID],
         f"KV-cache pressure, preemptions and the queue. {NOTE}",
         prom_variables(),
         tuple(panels),

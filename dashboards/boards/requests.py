@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from inferwatch.core import links
 from inferwatch.core import vocabulary as V
 from inferwatch.core.schema import DECODE, E2E, GENERATION_TOKENS, PREFILL, PROMPT_TOKENS, QUEUE, TPOT, TTFT
 from inferwatch.core.schema import REQUEST_TABLE as TABLE_NAME
@@ -33,7 +34,7 @@ from inferwatch.dashboards.promql import (
     quantile,
 )
 
-UID = "inferwatch-requests"
+UID = links.UID_REQUESTS
 """stable: Grafana upserts provisioned dashboards by uid."""
 
 
@@ -166,7 +167,7 @@ def board() -> DashboardSpec:
     )
     return DashboardSpec(
         UID,
-        "LLM Requests",
+        links.DASHBOARD_TITLES[UID],
         f"Individual requests stored by the collector (PostgreSQL) beside the metrics. {NOTE}",
         variables,
         tuple(panels),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from inferwatch.core import links
 from inferwatch.core import vocabulary as V
 from inferwatch.core.slo import SLO, SLOFile, alert_windows, decimal_text
 from inferwatch.dashboards.model import (
@@ -23,7 +24,7 @@ from inferwatch.dashboards.promql import (
     legend_format,
 )
 
-UID = "inferwatch-slos"
+UID = links.UID_SLOS
 """stable: Grafana upserts provisioned dashboards by uid."""
 
 
@@ -140,7 +141,7 @@ def board(spec: SLOFile) -> DashboardSpec:
         panels += _slo_panels(slo)
     return DashboardSpec(
         UID,
-        "LLM SLOs",
+        links.DASHBOARD_TITLES[UID],
         f"Service level objectives of {spec.service}: SLI, error budget and burn rates. {NOTE}",
         (datasource_variable(),),
         tuple(panels),

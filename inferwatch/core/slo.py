@@ -7,15 +7,15 @@ lives in the core. Errors name the file, the line and the field.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from inferwatch.core import vocabulary as V
+from inferwatch.core.yamlfile import YAMLSyntaxError, load_located
 
 _NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,62}[a-z0-9])?$")
 _DURATION = re.compile(r"^(\d+)([mhdw])$")
@@ -183,32 +183,6 @@ class SLOFile(BaseModel):
         return self
 
 
-@dataclass
-class Located:
-    """A parsed SLO file with the YAML line of every node path (for error messages)."""
-
-    spec: SLOFile
-    lines: dict[tuple[Any, ...], int] = field(default_factory=dict)
-
-
-def _index_lines(node: yaml.Node, path: tuple[Any, ...], out: dict[tuple[Any, ...], int]) -> None:
-    out[path] = node.start_mark.line + 1
-    if isinstance(node, yaml.MappingNode):
-        for key, value in node.value:
-            out[(*path, key.value)] = key.start_mark.line + 1
-            _index_lines(value, (*path, key.value), out)
-    elif isinstance(node, yaml.SequenceNode):
-        for i, item in enumerate(node.value):
-            _index_lines(item, (*path, i), out)
-
-
-def _line_for(lines: dict[tuple[Any, ...], int], loc: tuple[Any, ...]) -> int | None:
-    for cut in range(len(loc), -1, -1):
-        if loc[:cut] in lines:
-            return lines[loc[:cut]]
-    return None
-
-
 def load(path: Path, vocabulary: V.Vocabulary) -> SLOFile:
     """Read and validate an SLO file. Latency thresholds must be canonical bucket boundaries."""
     try:
@@ -220,25 +194,17 @@ def load(path: Path, vocabulary: V.Vocabulary) -> SLOFile:
 
 def parse(text: str, source: str, vocabulary: V.Vocabulary) -> SLOFile:
     try:
-        node = yaml.compose(text)
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f":{mark.line + 1}" if mark is not None else ""
-        raise SLOFileError(f"{source}{where}: not valid YAML: {getattr(exc, 'problem', exc)}") from None
-    if not isinstance(raw, dict) or node is None:
+        located = load_located(text)
+    except YAMLSyntaxError as exc:
+        where = f":{exc.line}" if exc.line is not None else ""
+        raise SLOFileError(f"{source}{where}: not valid YAML: {exc.problem}") from None
+    raw = located.data
+    if not isinstance(raw, dict):
         raise SLOFileError(f"{source}: expected a mapping with 'slos:'")
-    lines: dict[tuple[Any, ...], int] = {}
-    _index_lines(node, (), lines)
     try:
         spec = SLOFile.model_validate(raw)
     except ValidationError as exc:
-        msgs = []
-        for err in exc.errors():
-            loc = tuple(err["loc"])
-            line = _line_for(lines, loc)
-            field_path = ".".join(str(p) for p in loc) or "(top level)"
-            msgs.append(f"{source}:{line or '?'}: {field_path}: {err['msg']}")
+        msgs = [f"{source}:{p.line or '?'}: {p.field}: {p.message}" for p in located.problems(exc)]
         raise SLOFileError("\n".join(msgs)) from None
     for i, slo in enumerate(spec.slos):
         lat = slo.indicator.latency
@@ -247,7 +213,7 @@ def parse(text: str, source: str, vocabulary: V.Vocabulary) -> SLOFile:
         metric = V.metric_by_key(lat.metric)
         bounds = vocabulary.buckets(metric)
         if float(lat.threshold_seconds) not in bounds:
-            line = _line_for(lines, ("slos", i, "indicator", "latency", "threshold_seconds"))
+            line = located.line_for(("slos", i, "indicator", "latency", "threshold_seconds"))
             shown = ", ".join(V.format_le(b) for b in bounds)
             raise SLOFileError(
                 f"{source}:{line or '?'}: slos.{i}.indicator.latency.threshold_seconds: {lat.threshold_seconds} s is "

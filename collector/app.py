@@ -16,7 +16,7 @@ from fastapi import FastAPI
 from sqlalchemy import Engine
 
 from inferwatch.collector.config import CollectorSettings
-from inferwatch.collector.routes import health, oncall, otlp, requests, stats
+from inferwatch.collector.routes import alerts, health, oncall, otlp, requests, stats
 from inferwatch.collector.service import build
 
 API_PREFIX: Final = "/api/v1"
@@ -29,9 +29,11 @@ def create_app(settings: CollectorSettings, engine: Engine | None = None, start_
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         collector.start(grpc=start_grpc)
+        collector.alerts.start()
         try:
             yield
         finally:
+            await collector.alerts.stop()
             await collector.oncall.close()
             await asyncio.to_thread(collector.stop)
 
@@ -46,4 +48,7 @@ def create_app(settings: CollectorSettings, engine: Engine | None = None, start_
     app.include_router(requests.router, prefix=API_PREFIX)
     app.include_router(stats.router, prefix=API_PREFIX)
     app.include_router(oncall.router, prefix=API_PREFIX)
+    app.include_router(alerts.webhook_router, prefix=API_PREFIX)
+    app.include_router(alerts.api_router, prefix=API_PREFIX)
+    app.include_router(alerts.page_router)
     return app

@@ -58,6 +58,33 @@ class CollectorSettings(BaseSettings):
         description='Threshold overrides, symptom -> [warning, critical], e.g. {"tpot_slow": [0.2, 0.4]}.',
     )
     gpu: str | None = Field(None, description="The GPU model the engines run on (e.g. H100), for the checklist.")
+    # --- alert webhooks -------------------------------------------------------------------------------------------
+    notify_config: Path | None = Field(None, description="Receivers to forward incidents to (YAML notify file).")
+    grafana_url: str | None = Field(None, description="Grafana's base URL, for dashboard links in incidents.")
+    public_url: str | None = Field(
+        None, description="The collector's base URL as users reach it, for incident page links (default: listen)."
+    )
+    link_secret: str | None = Field(
+        None, description="Signs incident page links (default: derived from the read tokens)."
+    )
+    max_webhook_bytes: int = Field(1 << 20, gt=0, description="Largest Alertmanager webhook body accepted.")
+
+    @field_validator("grafana_url", "public_url")
+    @classmethod
+    def _base_url(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("http://", "https://")):
+            raise ValueError(f"must start with http:// or https://, got {value!r}")
+        return value.rstrip("/") if value else value
+
+    def link_base(self) -> str:
+        return self.public_url or f"http://{self.listen}"
+
+    def link_key(self) -> bytes:
+        """The secret that signs incident page links."""
+        import hashlib
+
+        seed = self.link_secret or ("\n".join(sorted(self.read_tokens)) if self.read_tokens else "")
+        return hashlib.sha256(b"inferwatch incident links\n" + seed.encode()).digest()
 
     @field_validator("prometheus_url")
     @classmethod

@@ -13,6 +13,10 @@ from typing import Any
 from sqlalchemy import Engine
 
 from inferwatch.collector import db
+from inferwatch.collector.alerting.enrich import LinkSettings
+from inferwatch.collector.alerting.intake import Intaker
+from inferwatch.collector.alerting.notify import NotifyConfig, load_notify_config
+from inferwatch.collector.alerting.worker import AlertWorker
 from inferwatch.collector.config import CollectorSettings
 from inferwatch.collector.diagnosis.service import OnCall
 from inferwatch.collector.grpc_server import start_grpc_server
@@ -33,6 +37,8 @@ class Collector:
     metrics: CollectorMetrics
     ingestor: Ingestor
     oncall: OnCall
+    intaker: Intaker
+    alerts: AlertWorker
     owns_engine: bool = False
     """True when :func:`build` made the engine (then :meth:`stop` disposes it)."""
     grpc_server: Any = None
@@ -71,8 +77,19 @@ def build(settings: CollectorSettings, engine: Engine | None = None) -> Collecto
         retention=settings.retention_delta(),
     )
     metrics = CollectorMetrics()
+    on = oncall(settings)
+    notify = load_notify_config(settings.notify_config) if settings.notify_config else NotifyConfig()
+    links = LinkSettings(grafana_url=settings.grafana_url, public_url=settings.link_base(), secret=settings.link_key())
     return Collector(
-        settings, engine, writer, metrics, Ingestor(writer, metrics), oncall(settings), owns_engine=owns_engine
+        settings,
+        engine,
+        writer,
+        metrics,
+        Ingestor(writer, metrics),
+        on,
+        Intaker(engine),
+        AlertWorker(engine, on, notify, links),
+        owns_engine=owns_engine,
     )
 
 

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import logging
 import signal
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from inferwatch.cli.common import err, fail
+from inferwatch.cli.common import err, fail, setup_logging
 from inferwatch.core.config import ConfigError
 
 collector_app = typer.Typer(
@@ -49,12 +48,21 @@ def collector_serve(
     ] = None,
     slo: Annotated[Path | None, typer.Option(help="SLO file (default: the SLOs that ship with inferwatch).")] = None,
     gpu: Annotated[str | None, typer.Option(help="GPU model of the fleet (e.g. H100), for the checklist.")] = None,
+    notify_config: Annotated[
+        Path | None, typer.Option(help="Notify file: the receivers incidents are forwarded to (json, slack).")
+    ] = None,
+    grafana_url: Annotated[str | None, typer.Option(help="Grafana's base URL, for dashboard links.")] = None,
+    public_url: Annotated[
+        str | None, typer.Option(help="This collector's URL as users reach it, for incident page links.")
+    ] = None,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
 ) -> None:
     """Receive OTLP traces (vLLM, TGI, trtllm-serve, any GenAI spans), store one row per LLM request.
 
     Migrations run at start when the database is empty. The read API is at /api/v1 (OpenAPI at /docs);
     with --prometheus-url or --exporter it also answers /api/v1/diagnose, /checklist, /capacity and /slos.
+    Alertmanager's webhook is /api/v1/alerts/webhook: incidents are enriched with the diagnosis and
+    forwarded to the --notify-config receivers; each has a page at /incidents/ID.
     """
     import asyncio
     import contextlib
@@ -63,7 +71,7 @@ def collector_serve(
 
     from inferwatch.collector.app import create_app
 
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logging(log_level)
     settings = _collector_settings(
         database_url=database_url,
         data_dir=data_dir,
@@ -77,6 +85,9 @@ def collector_serve(
         exporters=exporter,
         slo_file=slo,
         gpu=gpu,
+        notify_config=notify_config,
+        grafana_url=grafana_url,
+        public_url=public_url,
     )
     try:
         settings.check_exposure()

@@ -33,3 +33,16 @@ def load_settings() -> InferwatchSettings:
     except (ConfigError, ValueError) as exc:
         raise fail(f"invalid INFERWATCH_* settings: {exc}") from None
     return settings
+
+
+QUIET_LOGGERS = ("httpx", "httpcore")
+"""HTTP clients that log every request at INFO (with its URL, which may hold a secret): warnings only."""
+
+
+def setup_logging(level: str) -> None:
+    """Log to stderr at ``level``: one line per state change of ours, not one per HTTP request."""
+    import logging
+
+    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(max(logging.WARNING, logging.getLogger().level))

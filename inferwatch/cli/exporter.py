@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import logging
 import signal
 import sys
 import threading
@@ -14,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.console import Console
 
-from inferwatch.cli.common import err, fail, load_settings, parse_labels
+from inferwatch.cli.common import err, fail, load_settings, parse_labels, setup_logging
 from inferwatch.core.config import ConfigError
 
 if TYPE_CHECKING:
@@ -228,7 +227,7 @@ def serve(
     from inferwatch.exporters.engines import builtin_registry
     from inferwatch.exporters.server import Exporter
 
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logging(log_level)
     settings = load_settings()
     registry = builtin_registry()
     options = parse_engine_options(engine_option)

@@ -262,26 +262,40 @@ def rules_document(spec: SLOFile, vocabulary: V.Vocabulary) -> dict[str, Any]:
     return {"groups": groups}
 
 
+def _webhook(spec: SLOFile, url: str) -> dict[str, Any]:
+    """A webhook to the collector, with the ingest token as bearer credentials when one is configured."""
+    config: dict[str, Any] = {"url": url, "send_resolved": True}
+    alerts = spec.alerts
+    if alerts.webhook_credentials_file:
+        config["http_config"] = {
+            "authorization": {"type": "Bearer", "credentials_file": alerts.webhook_credentials_file}
+        }
+    elif alerts.webhook_token:
+        config["http_config"] = {"authorization": {"type": "Bearer", "credentials": alerts.webhook_token}}
+    return config
+
+
 def alertmanager_document(spec: SLOFile) -> dict[str, Any]:
     url = spec.alerts.webhook_url
     sep = "&" if "?" in url else "?"
+    timing = spec.alerts
     return {
         "route": {
             "receiver": "inferwatch-default",
             "group_by": [V.SLO_LABEL, "alertname", "model"],
-            "group_wait": "30s",
-            "group_interval": "5m",
-            "repeat_interval": "4h",
+            "group_wait": timing.group_wait,
+            "group_interval": timing.group_interval,
+            "repeat_interval": timing.repeat_interval,
             "routes": [
                 {
                     "matchers": [f'{V.SEVERITY_LABEL}="{V.SEVERITY_PAGE}"'],
                     "receiver": "inferwatch-page",
-                    "repeat_interval": "1h",
+                    "repeat_interval": timing.page_repeat_interval,
                 },
                 {
                     "matchers": [f'{V.SEVERITY_LABEL}="{V.SEVERITY_TICKET}"'],
                     "receiver": "inferwatch-ticket",
-                    "repeat_interval": "12h",
+                    "repeat_interval": timing.ticket_repeat_interval,
                 },
             ],
         },
@@ -293,15 +307,9 @@ def alertmanager_document(spec: SLOFile) -> dict[str, Any]:
             }
         ],
         "receivers": [
-            {"name": "inferwatch-default", "webhook_configs": [{"url": url, "send_resolved": True}]},
-            {
-                "name": "inferwatch-page",
-                "webhook_configs": [{"url": f"{url}{sep}severity=page", "send_resolved": True}],
-            },
-            {
-                "name": "inferwatch-ticket",
-                "webhook_configs": [{"url": f"{url}{sep}severity=ticket", "send_resolved": True}],
-            },
+            {"name": "inferwatch-default", "webhook_configs": [_webhook(spec, url)]},
+            {"name": "inferwatch-page", "webhook_configs": [_webhook(spec, f"{url}{sep}severity=page")]},
+            {"name": "inferwatch-ticket", "webhook_configs": [_webhook(spec, f"{url}{sep}severity=ticket")]},
         ],
     }
 

@@ -90,6 +90,8 @@ slos:
         (BASE + "    period: 1d\n", "shorter than the longest alert window"),
         ("slos: [\n", "not valid YAML"),
         (BASE + "alerts:\n  severities: {LLMKVCacheSatured: page}\n", "no alert named 'LLMKVCacheSatured'"),
+        (BASE + "alerts:\n  webhook_token: a\n  webhook_credentials_file: /t\n", "not both"),
+        (BASE + "alerts:\n  group_wait: soon\n", "alerts.group_wait"),
     ],
 )
 def test_bad_slo_files_name_the_problem(text: str, fragment: str) -> None:
@@ -140,6 +142,9 @@ alerts:
   preemptions_for: 15m
   severities: {{{V.ALERT_KV_SATURATED}: page}}
   webhook_url: http://alerts.example:9000/hook
+  webhook_credentials_file: /etc/alertmanager/inferwatch-ingest-token
+  group_wait: 10s
+  page_repeat_interval: 30m
 """
 
 
@@ -165,6 +170,11 @@ def test_a_new_slo_file_gives_rules_promtool_accepts(tmp_path: Path) -> None:
     assert ">= 0.9" in rules and "for: 15m" in rules
     assert "> 0.0672" in rules  # 13.44 (28-day page factor) x 0.005
     assert "http://alerts.example:9000/hook" in (out / "alertmanager.yml").read_text()
+    am_doc = yaml.safe_load((out / "alertmanager.yml").read_text())
+    assert am_doc["route"]["group_wait"] == "10s" and am_doc["route"]["routes"][0]["repeat_interval"] == "30m"
+    for receiver in am_doc["receivers"]:  # the collector's ingest token, as Alertmanager's bearer credentials
+        auth = receiver["webhook_configs"][0]["http_config"]["authorization"]
+        assert auth == {"type": "Bearer", "credentials_file": "/etc/alertmanager/inferwatch-ingest-token"}
     doc = yaml.safe_load(rules)
     kv = next(r for g in doc["groups"] for r in g["rules"] if r.get("alert") == V.ALERT_KV_SATURATED)
     assert kv["labels"][V.SEVERITY_LABEL] == V.SEVERITY_PAGE

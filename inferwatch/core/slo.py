@@ -137,6 +137,15 @@ class AlertSettings(BaseModel):
     severities: dict[str, Literal["page", "ticket"]] = Field(default_factory=dict)
     runbook_base_url: str = "alerts/runbooks.md"
     webhook_url: str = "http://127.0.0.1:4318/api/v1/alerts/webhook"
+    webhook_credentials_file: str | None = None
+    """a file holding the collector's ingest token (Alertmanager sends it as a bearer token)."""
+    webhook_token: str | None = None
+    """the ingest token itself, written into alertmanager.yml (prefer webhook_credentials_file)."""
+    group_wait: str = "30s"
+    group_interval: str = "5m"
+    repeat_interval: str = "4h"
+    page_repeat_interval: str = "1h"
+    ticket_repeat_interval: str = "12h"
 
     @field_validator(
         "kv_cache_saturated_for",
@@ -147,12 +156,23 @@ class AlertSettings(BaseModel):
         "queue_growth_for",
         "target_down_for",
         "metrics_absent_for",
+        "group_wait",
+        "group_interval",
+        "repeat_interval",
+        "page_repeat_interval",
+        "ticket_repeat_interval",
     )
     @classmethod
     def _durations(cls, value: str) -> str:
         if not re.match(r"^\d+[smhd]$", value):
             raise ValueError(f"{value!r} is not a Prometheus duration like 5m")
         return value
+
+    @model_validator(mode="after")
+    def _one_token(self) -> AlertSettings:
+        if self.webhook_credentials_file and self.webhook_token:
+            raise ValueError("give webhook_credentials_file or webhook_token, not both")
+        return self
 
     @field_validator("severities")
     @classmethod

@@ -99,3 +99,35 @@ def generate_dashboards(
     if sketches is not None:
         files.update({sketches / name: png for name, png in draw(spec, vocab).items()})
     _write(files, check, "dashboards")
+
+
+@generate_app.command("stack")
+def generate_stack(
+    out: OutOption,
+    slo: SloOption = None,
+    check: CheckOption = False,
+    remote_write: Annotated[
+        str | None, typer.Option(help="Also send every sample to this remote-write URL (e.g. VictoriaMetrics).")
+    ] = None,
+    scrape_interval: Annotated[str, typer.Option(help="How often Prometheus scrapes and evaluates rules.")] = "15s",
+) -> None:
+    """Every file docker-compose.yml mounts: Prometheus (config, rules, exporter targets), Alertmanager,
+    Grafana provisioning and dashboards, and the collector's notify file.
+
+    The addresses are the compose network's (prometheus:9090, alertmanager:9093, collector:4318,
+    exporter-ENGINE:9400); edit prometheus/targets/exporters.yml's twin in an override to point at
+    real engines' exporters.
+    """
+    from dataclasses import replace
+
+    from inferwatch.stack import COMPOSE_LAYOUT, generate
+
+    vocab = load_settings().vocabulary()
+    spec, _ = _load_slos(slo, vocab)
+    layout = replace(
+        COMPOSE_LAYOUT,
+        remote_write=remote_write,
+        scrape_interval=scrape_interval,
+        evaluation_interval=scrape_interval,
+    )
+    _write({out / name: content for name, content in generate(spec, vocab, layout).items()}, check, "stack")

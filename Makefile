@@ -15,13 +15,17 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $(STAMP)
 
-system-deps: ## install Debian's prometheus (promtool) and prometheus-alertmanager when missing
-	@if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus-alertmanager >/dev/null 2>&1; then \
+system-deps: ## install Debian's prometheus (promtool), prometheus-alertmanager and chromium when missing
+	@missing=""; \
+	command -v promtool >/dev/null 2>&1 || missing="$$missing prometheus"; \
+	command -v prometheus-alertmanager >/dev/null 2>&1 || missing="$$missing prometheus-alertmanager"; \
+	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
+	if [ -n "$$missing" ]; then \
 		if command -v apt-get >/dev/null 2>&1; then \
-			echo "installing Debian packages prometheus prometheus-alertmanager"; \
-			$(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends prometheus prometheus-alertmanager; \
+			echo "installing Debian packages$$missing"; \
+			$(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends$$missing; \
 		else \
-			echo "warning: promtool not found and apt-get unavailable; tests needing it will skip (fail under CI)"; \
+			echo "warning: Debian packages$$missing missing and apt-get unavailable; tests needing them will skip (fail under CI)"; \
 		fi; \
 	fi
 

@@ -7,6 +7,7 @@ and where the notifications went. Every value is escaped.
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 from html import escape
 from typing import Final
@@ -15,6 +16,8 @@ from inferwatch.collector.alerting.views import IncidentDetail
 from inferwatch.collector.diagnosis.report import Finding
 from inferwatch.collector.schemas import RequestDetail
 
+FLAG: Final = re.compile(r"(?<![\w-])--[a-z0-9][a-z0-9-]*(?:[= ][a-z0-9.]+(?=\)))?")
+"""an engine's command-line flag in a remedy (with its value when one closes the parentheses)."""
 PHASE_COLOURS: Final = {"queue": "#e53935", "prefill": "#fb8c00", "decode": "#1e88e5", "other": "#9e9e9e"}
 STYLE: Final = """
 *{box-sizing:border-box}body{font:15px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0;
@@ -27,7 +30,7 @@ margin:8px 0}.muted{color:#666;font-size:.9em}code{font-size:.82em;word-break:br
 padding:1px 3px;border-radius:3px}ul{padding-left:1.2em;margin:.3em 0}.bar{display:flex;height:12px;
 border-radius:3px;overflow:hidden;margin:4px 0}.bar span{display:block;height:100%}
 .remedy{background:#e3f2fd;border-left:4px solid #1e88e5}table{border-collapse:collapse;width:100%;font-size:.9em}
-td,th{text-align:left;padding:3px 6px;border-bottom:1px solid #eee;vertical-align:top}
+td,th{text-align:left;padding:3px 6px;border-bottom:1px solid #eee;vertical-align:top}.flag{white-space:nowrap}
 a{color:#1565c0}.labels span{display:inline-block;background:#eceff1;border-radius:4px;padding:0 6px;margin:2px;
 font-size:.85em}
 """
@@ -56,6 +59,11 @@ def _labels(labels: dict[str, str]) -> str:
     )
 
 
+def _remedy(text: str) -> str:
+    """The escaped remedy with each flag kept on one line (a phone would break ``--max-num-seqs`` at its dashes)."""
+    return FLAG.sub(lambda m: f'<span class="flag">{m.group(0)}</span>', escape(text))
+
+
 def _finding(finding: Finding) -> str:
     sev = escape(finding.severity.value)
     evidence = "".join(
@@ -63,7 +71,7 @@ def _finding(finding: Finding) -> str:
         f"{' (' + escape(e.threshold) + ')' if e.threshold else ''}<br><code>{escape(e.query)}</code></li>"
         for e in finding.evidence
     )
-    remedies = "".join(f"<li>{escape(r)}</li>" for r in finding.remedies)
+    remedies = "".join(f"<li>{_remedy(r)}</li>" for r in finding.remedies)
     return (
         f'<div class="card"><span class="badge {sev}">{sev}</span> <b>{escape(finding.symptom.value)}</b> '
         f'<span class="muted">{escape(finding.engine)} / {escape(finding.model)} @ {escape(finding.instance)}</span>'
@@ -117,7 +125,7 @@ def render(detail: IncidentDetail, now: datetime | None = None) -> str:
     ]
     if top is not None:
         body.append(
-            f'<div class="card remedy"><b>What to do first:</b> {escape(top.remedies[0]) if top.remedies else ""}'
+            f'<div class="card remedy"><b>What to do first:</b> {_remedy(top.remedies[0]) if top.remedies else ""}'
             f'<br><span class="muted">{escape(top.summary)}</span></div>'
         )
     body.append("<h2>Diagnosis</h2>")

@@ -39,6 +39,24 @@ class CollectorSettings(BaseSettings):
     max_body_bytes: int = Field(DEFAULT_MAX_BODY, gt=0)
     queue_limit: int = Field(100_000, gt=0)
     batch_size: int = Field(512, gt=0)
+    # --- durability and database timeouts (docs/reliability.md, "Collector") ------------------------------------
+    ingest_timeout_seconds: float = Field(
+        8.0, gt=0, le=600, description="An export waits this long for its spans to be durable; then 503 (retry)."
+    )
+    db_write_timeout_seconds: float = Field(
+        5.0, gt=0, le=600, description="Deadline of one write transaction; past it the batch is spooled."
+    )
+    db_connect_timeout_seconds: float = Field(5.0, gt=0, le=600, description="Connecting to the database.")
+    db_statement_timeout_seconds: float = Field(
+        10.0, gt=0, le=3600, description="One statement (PostgreSQL statement_timeout; SQLite: interrupted)."
+    )
+    db_pool_timeout_seconds: float = Field(5.0, gt=0, le=600, description="Waiting for a pooled connection.")
+    sqlite_busy_timeout_seconds: float = Field(
+        5.0, gt=0, le=600, description="SQLite: waiting for another connection's write lock."
+    )
+    spool_max_bytes: int = Field(
+        1 << 30, ge=0, description="Largest spool while the database is down; beyond it exports get 503 (0: none)."
+    )
     retention: str | None = Field(None, description="Delete requests older than this (e.g. 7d).")
     ingest_tokens: list[str] = Field(default_factory=list, description="Bearer tokens allowed to send OTLP.")
     read_tokens: list[str] = Field(default_factory=list, description="Bearer tokens allowed to read the API.")
@@ -68,6 +86,36 @@ class CollectorSettings(BaseSettings):
         None, description="Signs incident page links (default: derived from the read tokens)."
     )
     max_webhook_bytes: int = Field(1 << 20, gt=0, description="Largest Alertmanager webhook body accepted.")
+    # --- limits of the receivers (docs/collector.md, "Limits and validation") ----------------------------------
+    body_timeout_seconds: float = Field(
+        10.0, gt=0, le=600, description="Deadline for reading one OTLP/HTTP request body (slower uploads get 408)."
+    )
+    max_connections: int = Field(
+        100, gt=0, description="Concurrent HTTP connections and requests (uvicorn limit_concurrency); beyond: 503."
+    )
+    keep_alive_timeout_seconds: float = Field(
+        15.0,
+        gt=0,
+        le=600,
+        description="Idle HTTP keep-alive connections are closed after this (uvicorn timeout_keep_alive).",
+    )
+    decode_concurrency: int = Field(
+        2, gt=0, le=64, description="OTLP/HTTP bodies decoded and mapped at once, off the event loop; others wait."
+    )
+    # --- identity: the model and service of spans that do not name them (vLLM's) -----------------------------
+    service_models: dict[str, str] = Field(
+        default_factory=dict,
+        description="service.name -> model, for spans that name no model "
+        '(e.g. {"vllm-llama-8b": "meta-llama/Llama-3.1-8B"}).',
+    )
+    model_from: str | None = Field(
+        None, description="A resource attribute whose value is the model of spans that name none (e.g. service.name)."
+    )
+    service_from: str | None = Field(
+        None,
+        description="A resource attribute whose value is the service when service.name is missing or the SDK's "
+        "placeholder unknown_service (e.g. k8s.deployment.name).",
+    )
 
     @field_validator("grafana_url", "public_url")
     @classmethod

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import secrets
 from typing import Annotated, Any, Final, Literal
 
 from fastapi import Depends, HTTPException, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy import Engine
 
+from inferwatch.collector.otlp import header_bytes, token_matches
 from inferwatch.collector.schemas import ErrorBody
 from inferwatch.collector.service import Collector
 
@@ -35,14 +35,18 @@ Bearer = Annotated[
 ]
 
 
-def check_token(collector: Collector, creds: HTTPAuthorizationCredentials | None, scope: Scope) -> None:
-    """401 unless the bearer token is one of the scope's tokens (any request passes when it has none)."""
+def token_allowed(collector: Collector, creds: HTTPAuthorizationCredentials | None, scope: Scope) -> bool:
+    """The bearer token is one of the scope's tokens (any request passes when the scope has none)."""
     settings = collector.settings
     tokens = settings.ingest_tokens if scope == "ingest" else settings.read_tokens
     if not tokens:
-        return
-    given = creds.credentials if creds is not None else ""
-    if not any(secrets.compare_digest(given, t) for t in tokens):
+        return True
+    return token_matches(header_bytes(creds.credentials) if creds is not None else None, tokens)
+
+
+def check_token(collector: Collector, creds: HTTPAuthorizationCredentials | None, scope: Scope) -> None:
+    """401 unless the bearer token is one of the scope's tokens (any request passes when it has none)."""
+    if not token_allowed(collector, creds, scope):
         raise HTTPException(
             status_code=401,
             detail=f"a bearer token with the {scope} scope is required",

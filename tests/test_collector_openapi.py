@@ -23,9 +23,9 @@ from tests.conftest import ROOT
 from tests.test_collector_app import to_otlp_json
 
 CAPTURE = ROOT / "tests" / "fixtures" / "otlp" / "vllm-0.32.0-cpu"
-OTLP_ERRORS = {400, 413, 415, 429, 503}
+OTLP_ERRORS = {400, 401, 408, 413, 415, 429, 503}
 ERRORS: dict[tuple[str, str], set[int]] = {
-    ("post", "/v1/traces"): {401} | OTLP_ERRORS,
+    ("post", "/v1/traces"): OTLP_ERRORS,
     ("get", "/readyz"): {503},
     ("get", "/api/v1/requests"): {400, 401, 422},
     ("get", "/api/v1/requests/{request_id}"): {401, 404, 422},
@@ -113,6 +113,8 @@ def test_error_responses_are_documented(document: dict[str, Any]) -> None:
                 assert names == ["RpcStatus"] and PROTOBUF in content
                 if status in (429, 503):
                     assert "Retry-After" in responses[str(status)]["headers"]
+                if status == 401:
+                    assert "WWW-Authenticate" in responses[str(status)]["headers"]
             elif status == 422:
                 assert names == ["HTTPValidationError"]
             elif status == 503 and path == "/readyz":
@@ -189,14 +191,21 @@ def test_bodies_are_the_documented_models(client: TestClient, document: dict[str
 
 
 def test_otlp_errors_are_documented_in_both_encodings(tmp_path: Path, document: dict[str, Any]) -> None:
-    """Each OTLP/HTTP error answers a google.rpc.Status in the request's encoding (401 is FastAPI's JSON)."""
+    """Each OTLP/HTTP error answers a google.rpc.Status in the request's encoding, 401 included."""
     settings = CollectorSettings(
         data_dir=tmp_path, grpc_listen=None, max_body_bytes=64 * 1024, queue_limit=1, ingest_tokens=["in"]
     )
     spans = (CAPTURE / "0006.pb").read_bytes()  # several llm_request spans: more than the queue holds
     bomb = gzip.compress(b"\x00" * (1 << 20))
+    truncated = gzip.compress(b"{}")[:-3]
     cases: list[tuple[bytes, str, str | None, int]] = [
         (b"\xff\xfe", PROTOBUF, None, 400),
+        (b'{"resourceSpans": "x"}', JSON, None, 400),
+        (b"[" * 60_000, JSON, None, 400),
+        (truncated, JSON, "gzip", 400),
+        (gzip.compress(b"{}") + b"trailing", JSON, "gzip", 400),
+        (b"{}", JSON, None, 401),
+        (spans, PROTOBUF, None, 401),
         (b"{not json", JSON, None, 400),
         (b"hello", "text/plain", None, 415),
         (b"{}", JSON, "br", 415),
@@ -206,17 +215,18 @@ def test_otlp_errors_are_documented_in_both_encodings(tmp_path: Path, document: 
         (to_otlp_json(spans), JSON, None, 429),
     ]
     with TestClient(create_app(settings)) as c:
-        r = c.post("/v1/traces", content=spans, headers={"content-type": PROTOBUF})
-        assert r.status_code == 401
-        assert_documented(document, "post", "/v1/traces", r)
         for content, media, encoding, status in cases:
-            headers = {"content-type": media, "authorization": "Bearer in"}
+            headers = (
+                {"content-type": media} if status == 401 else {"content-type": media, "authorization": "Bearer in"}
+            )
             if encoding:
                 headers["content-encoding"] = encoding
             r = c.post("/v1/traces", content=content, headers=headers)
             assert r.status_code == status, (media, encoding)
             if status == 429:
                 assert r.headers["retry-after"]
+            if status == 401:
+                assert r.headers["www-authenticate"] == "Bearer"
             if media == JSON:
                 assert r.headers["content-type"] == JSON
                 assert_documented(document, "post", "/v1/traces", r)

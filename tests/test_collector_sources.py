@@ -518,7 +518,7 @@ def test_bad_input_is_rejected_never_raised() -> None:
         make_span("llm_request", vllm_attrs(), span=sid(7), start=T0, end=T0 - 1),
         make_span("llm_request", vllm_attrs(), span=sid(8), start=0),
         make_span("llm_request", {**vllm_attrs(), "gen_ai.usage.completion_tokens": "--5"}, span=sid(10)),
-        make_span("llm_request", vllm_attrs(), span=sid(11), end=2**64 - 1),  # year 2554: still a datetime
+        make_span("llm_request", vllm_attrs(), span=sid(11), end=2**64 - 1),  # ends in 2554
         make_span("llm_request", vllm_attrs(), span=sid(9)),  # the one good span
     ]
     others = [
@@ -537,8 +537,9 @@ def test_bad_input_is_rejected_never_raised() -> None:
         "vllm: span ends before it starts",
         "vllm: span without start or end time",
         "vllm: gen_ai.usage.completion_tokens is not an integer",
+        "vllm: span time more than a day in the future",
     ]
-    assert sorted(r.span_id for r in batch.records) == [sid(9).hex(), sid(11).hex()]
+    assert [r.span_id for r in batch.records] == [sid(9).hex()]
     assert batch.skipped == 3
     # an llm_request without attributes from another scope is vLLM's too (nothing else could map it)
     lone = map_export(export(("unknown", {}, [make_span("llm_request")])))

@@ -1,26 +1,50 @@
-"""``POST /v1/traces``: OTLP/HTTP trace export (protobuf or JSON, optionally gzip), into the ingest path."""
+"""``POST /v1/traces``: OTLP/HTTP trace export (protobuf or JSON, optionally gzip), into the ingest path.
+
+Every answer but 200 is a ``google.rpc.Status`` in the request's encoding (OTLP/HTTP spec), 401 and
+unexpected failures included. The body is read with a deadline (``body_timeout_seconds``: 408) and a
+size limit (``max_body_bytes``: 413); decoding, the identity step and the mapping run in a worker
+thread, at most ``decode_concurrency`` at once, so the event loop (health checks, the read API) keeps
+answering while a large body is decoded. An answer given before the whole body was read closes the
+connection.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import re
 from typing import Any, Final
 
-from fastapi import APIRouter, Depends, Request
-from fastapi.responses import JSONResponse, Response
-from google.rpc import status_pb2
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from starlette.requests import ClientDisconnect
 
-from inferwatch.collector.deps import CollectorDep, require_ingest
-from inferwatch.collector.otlp import JSON, PROTOBUF, OtlpError, decode, encode_response
-from inferwatch.collector.schemas import ErrorBody, OtlpExportResponse, RpcStatus
+from inferwatch.collector.config import CollectorSettings
+from inferwatch.collector.deps import Bearer, CollectorDep, token_allowed
+from inferwatch.collector.otlp import (
+    GRPC_CODES,
+    JSON,
+    PROTOBUF,
+    OtlpError,
+    decode,
+    encode_response,
+    encode_status,
+    media_type,
+)
+from inferwatch.collector.schemas import OtlpExportResponse, RpcStatus
+from inferwatch.collector.sources import Identity, apply_identity
+
+__all__ = ["GRPC_CODES", "REQUEST", "RESPONSES", "RETRY_AFTER_SECONDS", "otlp_error", "router"]
+
+log = logging.getLogger(__name__)
 
 RETRY_AFTER_SECONDS: Final = "2"
-GRPC_CODES: Final = {400: 3, 401: 16, 413: 8, 415: 3, 429: 8, 503: 14}
-"""HTTP status -> google.rpc code of the error body (UNKNOWN otherwise)."""
-
 _BINARY: Final[dict[str, Any]] = {"schema": {"type": "string", "format": "binary"}}
+_CONTENT_LENGTH: Final = re.compile(r"[0-9]{1,20}")
 
 
-def _rpc_error(description: str, retry: bool = False) -> dict[str, Any]:
+def _rpc_error(description: str, retry: bool = False, headers: dict[str, Any] | None = None) -> dict[str, Any]:
     response: dict[str, Any] = {
         "model": RpcStatus,
         "description": description + " (a google.rpc.Status in the request's encoding)",
@@ -28,6 +52,8 @@ def _rpc_error(description: str, retry: bool = False) -> dict[str, Any]:
     }
     if retry:
         response["headers"] = {"Retry-After": {"description": "seconds", "schema": {"type": "string"}}}
+    if headers:
+        response["headers"] = {**response.get("headers", {}), **headers}
     return response
 
 
@@ -38,12 +64,20 @@ RESPONSES: Final[dict[int | str, dict[str, Any]]] = {
         "spans rejected and why",
         "content": {PROTOBUF: _BINARY},
     },
-    400: _rpc_error("Malformed body"),
-    401: {"model": ErrorBody, "description": "No bearer token of the ingest scope"},
+    400: _rpc_error("Malformed body: not protobuf/JSON, truncated or trailing compressed data"),
+    401: _rpc_error(
+        "No bearer token of the ingest scope",
+        headers={"WWW-Authenticate": {"description": "Bearer", "schema": {"type": "string"}}},
+    ),
+    408: _rpc_error("Body not received within body_timeout_seconds (the connection is closed)"),
     413: _rpc_error("Body larger than max_body_bytes, also after decompression"),
     415: _rpc_error("Content-Type neither protobuf nor JSON, or Content-Encoding neither gzip nor deflate"),
     429: _rpc_error("Write queue full: retry later", retry=True),
-    503: _rpc_error("Database unreachable and the queue full: retry later", retry=True),
+    503: _rpc_error(
+        "Database unreachable and the queue full: retry later (the server's connection cap, "
+        "max_connections, also answers 503, as plain text)",
+        retry=True,
+    ),
 }
 
 REQUEST: Final[dict[str, Any]] = {
@@ -67,39 +101,105 @@ REQUEST: Final[dict[str, Any]] = {
 }
 """The body the route reads itself (raw, streamed, size-checked) and its header, for the OpenAPI document."""
 
-router = APIRouter(tags=["otlp"], dependencies=[Depends(require_ingest)])
+router = APIRouter(tags=["otlp"])
 
 
-def otlp_error(content_type: str | None, status: int, message: str, headers: dict[str, str] | None = None) -> Response:
-    """OTLP/HTTP error: a google.rpc.Status in the request's encoding."""
-    code = GRPC_CODES.get(status, 2)
-    if "json" in (content_type or ""):
-        return JSONResponse({"code": code, "message": message}, status_code=status, headers=headers)
-    body = status_pb2.Status(code=code, message=message).SerializeToString()
-    return Response(body, status_code=status, media_type=PROTOBUF, headers=headers)
+def error_kind(content_type: str | None) -> str:
+    """The encoding of an error answer: JSON for a JSON request, else protobuf."""
+    return JSON if "json" in (content_type or "").lower() else PROTOBUF
+
+
+def otlp_error(
+    content_type: str | None, status: int, message: str, headers: dict[str, str] | None = None, close: bool = False
+) -> Response:
+    """OTLP/HTTP error: a google.rpc.Status in the request's encoding; ``close`` ends the connection
+    (for an answer given before the body was read)."""
+    kind = error_kind(content_type)
+    headers = dict(headers or {})
+    if close:
+        headers["Connection"] = "close"
+    return Response(encode_status(kind, status, message), status_code=status, media_type=kind, headers=headers)
+
+
+def identity_of(settings: CollectorSettings) -> Identity:
+    return Identity(settings.service_models, settings.model_from, settings.service_from)
+
+
+def _decode(
+    body: bytes, content_type: str | None, encoding: str | None, limit: int, identity: Identity
+) -> tuple[ExportTraceServiceRequest, str]:
+    msg, kind = decode(body, content_type, encoding, limit)
+    apply_identity(msg, identity)
+    return msg, kind
+
+
+def _slots(request: Request, size: int) -> asyncio.Semaphore:
+    """The app's decode slots (made on first use, inside the running loop: nothing at import time)."""
+    state = request.app.state
+    slots: asyncio.Semaphore | None = getattr(state, "otlp_decode_slots", None)
+    if slots is None:
+        slots = asyncio.Semaphore(size)
+        state.otlp_decode_slots = slots
+    return slots
+
+
+async def read_body(request: Request, limit: int, timeout: float) -> bytes:
+    """The request body; ``OtlpError`` 413 past ``limit`` bytes, 408 when not all there within ``timeout``."""
+    body = bytearray()
+    try:
+        async with asyncio.timeout(timeout):
+            async for chunk in request.stream():
+                body += chunk
+                if len(body) > limit:
+                    raise OtlpError(413, f"request body exceeds the {limit}-byte limit")
+    except TimeoutError:
+        raise OtlpError(408, f"request body not received within {timeout:g} s") from None
+    return bytes(body)
 
 
 @router.post("/v1/traces", response_model=None, responses=RESPONSES, openapi_extra=REQUEST)
-async def export_traces(request: Request, collector: CollectorDep) -> Response:
+async def export_traces(request: Request, collector: CollectorDep, creds: Bearer) -> Response:
     """OTLP/HTTP trace export (protobuf or JSON, optionally gzip)."""
     content_type = request.headers.get("content-type")
-    content_encoding = request.headers.get("content-encoding")
-    limit = collector.settings.max_body_bytes
-    declared = request.headers.get("content-length")
-    if declared and declared.isdigit() and int(declared) > limit:
-        return otlp_error(content_type, 413, f"request body exceeds the {limit}-byte limit")
-    body = bytearray()
-    async for chunk in request.stream():
-        body.extend(chunk)
-        if len(body) > limit:
-            return otlp_error(content_type, 413, f"request body exceeds the {limit}-byte limit")
     try:
-        msg, kind = decode(bytes(body), content_type, content_encoding, limit)
+        return await _export(request, collector, creds, content_type)
+    except ClientDisconnect:
+        return otlp_error(content_type, 400, "client disconnected before the body was received", close=True)
+    except Exception:  # whatever fails, the client gets a Status, the log the traceback
+        log.exception("OTLP/HTTP export failed")
+        collector.metrics.rejected.labels(reason="http_500").inc()
+        return otlp_error(content_type, 500, "internal error while ingesting the export")
+
+
+async def _export(request: Request, collector: CollectorDep, creds: Bearer, content_type: str | None) -> Response:
+    settings = collector.settings
+    if not token_allowed(collector, creds, "ingest"):
+        collector.metrics.rejected.labels(reason="http_401").inc()
+        message = "a bearer token with the ingest scope is required"
+        return otlp_error(content_type, 401, message, {"WWW-Authenticate": "Bearer"}, close=True)
+    limit = settings.max_body_bytes
+    try:
+        if media_type(content_type) not in (PROTOBUF, JSON):
+            raise OtlpError(415, f"unsupported Content-Type {content_type!r}: use {PROTOBUF} or {JSON}")
+        declared = (request.headers.get("content-length") or "").strip()
+        if _CONTENT_LENGTH.fullmatch(declared) and int(declared) > limit:
+            raise OtlpError(413, f"request body of {declared} bytes exceeds the {limit}-byte limit")
+        body = await read_body(request, limit, settings.body_timeout_seconds)
+    except OtlpError as exc:
+        collector.metrics.rejected.labels(reason=f"http_{exc.status}").inc()
+        return otlp_error(content_type, exc.status, exc.message, close=True)
+    encoding = request.headers.get("content-encoding")
+    try:
+        async with _slots(request, settings.decode_concurrency):
+            msg, kind = await asyncio.to_thread(_decode, body, content_type, encoding, limit, identity_of(settings))
     except OtlpError as exc:
         collector.metrics.rejected.labels(reason=f"http_{exc.status}").inc()
         return otlp_error(content_type, exc.status, exc.message)
+    del body
     result = await asyncio.to_thread(collector.ingestor.ingest, msg)
     if result.backpressure:
-        status = 503 if not collector.writer.db_ok else 429
+        # the ingest path says whether the database is the cause (503) or the queue (429)
+        unavailable = getattr(result, "unavailable", not collector.writer.db_ok)
+        status = 503 if unavailable else 429
         return otlp_error(content_type, status, result.message, {"Retry-After": RETRY_AFTER_SECONDS})
     return Response(encode_response(kind, result.rejected, result.message), media_type=kind)

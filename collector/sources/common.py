@@ -18,9 +18,16 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
+from inferwatch.collector import record as R
 from inferwatch.collector.record import RequestRecord
 
 EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
+EARLIEST: Final = datetime(2000, 1, 1, tzinfo=UTC)
+"""Spans starting before this are refused (a clock at 0, a unit error)."""
+MAX_FUTURE: Final = timedelta(days=1)
+"""Spans starting or ending more than this after the collector's clock are refused (a unit error, a broken clock)."""
+INT64_MAX: Final = 2**63 - 1
+INT32_MAX: Final = 2**31 - 1
 TRACE_ID_BYTES: Final = 16
 SPAN_ID_BYTES: Final = 8
 
@@ -324,3 +331,71 @@ def model_of(view: SpanView) -> str | None:
             if value is not None:
                 return value
     return None
+
+
+# -- validation of a mapped record ---------------------------------------------------------------------
+TOKEN_FIELDS: Final = (R.PROMPT_TOKENS, R.GENERATION_TOKENS, R.CACHED_TOKENS, "max_tokens")
+TEXT_FIELDS: Final = ("request_id", "model", "instance", "service", "finish_reason", "error", "lora_adapter")
+NUL: Final = "\x00"
+REPLACEMENT: Final = "\ufffd"
+
+
+def validate(record: RequestRecord, now: datetime) -> None:
+    """Refuse (``Rejected``) a record whose times or values cannot be true; make its text storable.
+
+    Times: starting before :data:`EARLIEST`, or starting or ending more than :data:`MAX_FUTURE` after
+    ``now``. Latencies: negative or not finite. Counts: negative or beyond the columns (int64, ``n``
+    int32). NUL characters, which PostgreSQL cannot store in text or JSON, become U+FFFD, and
+    non-finite numbers among the attributes become strings (``"NaN"``, ``"Infinity"``), which JSON
+    columns can hold.
+    """
+    if record.start_time < EARLIEST:
+        raise Rejected("span starts before 2000")
+    if record.start_time > now + MAX_FUTURE or record.end_time > now + MAX_FUTURE:
+        raise Rejected("span time more than a day in the future")
+    for name in R.LATENCY_FIELDS:
+        value = getattr(record, name)
+        if value is None:
+            continue
+        if not math.isfinite(value):
+            raise Rejected(f"{name} is not finite")
+        if value < 0:
+            raise Rejected(f"{name} is negative")
+    for name in TOKEN_FIELDS:
+        value = getattr(record, name)
+        if value is not None and not 0 <= value <= INT64_MAX:
+            raise Rejected(f"{name} out of range")
+    if record.n is not None and not 0 <= record.n <= INT32_MAX:
+        raise Rejected("n out of range")
+    if record.temperature is not None and not math.isfinite(record.temperature):
+        raise Rejected("temperature is not finite")
+    for name in TEXT_FIELDS:
+        value = getattr(record, name)
+        if value is not None and NUL in value:
+            setattr(record, name, value.replace(NUL, REPLACEMENT))
+    if _needs_cleaning(record.attributes):
+        record.attributes = _clean(record.attributes)
+
+
+def _needs_cleaning(value: Any) -> bool:
+    if isinstance(value, str):
+        return NUL in value
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    if isinstance(value, dict):
+        return any(NUL in k or _needs_cleaning(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_needs_cleaning(v) for v in value)
+    return False
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, str):
+        return value.replace(NUL, REPLACEMENT)
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, dict):
+        return {k.replace(NUL, REPLACEMENT): _clean(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_clean(v) for v in value]
+    return value

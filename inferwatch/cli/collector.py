@@ -103,7 +103,7 @@ def collector_serve(
         def capture_signals(self) -> Any:
             yield
 
-    server = _Server(uvicorn.Config(application, host=host, port=port, log_level=log_level.lower(), lifespan="on"))
+    server = _Server(uvicorn_config(application, settings, log_level))
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
@@ -116,6 +116,28 @@ def collector_serve(
         f"{settings.grpc_listen or 'off'}, database {settings.url().split('@')[-1]}"
     )
     asyncio.run(main())
+    if not server.started:  # the lifespan failed (e.g. the gRPC port is taken): uvicorn logged why
+        raise fail("the collector did not start (see the error above)")
+
+
+def uvicorn_config(application: Any, settings: Any, log_level: str = "info") -> Any:
+    """uvicorn's configuration for the collector app: its address and the connection limits of the
+    settings (``max_connections`` → ``limit_concurrency``, ``keep_alive_timeout_seconds`` →
+    ``timeout_keep_alive``; the body deadline is the route's own)."""
+    import uvicorn
+
+    from inferwatch.core.config import parse_listen
+
+    host, port = parse_listen(settings.listen)
+    return uvicorn.Config(
+        application,
+        host=host,
+        port=port,
+        log_level=log_level.lower(),
+        lifespan="on",
+        limit_concurrency=settings.max_connections,
+        timeout_keep_alive=settings.keep_alive_timeout_seconds,
+    )
 
 
 @db_app.command("upgrade")

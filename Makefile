@@ -45,7 +45,7 @@ bench: $(STAMP) ## benchmarks (exit non-zero when a target ratio is missed)
 	$(PY) -m bench.collector
 	$(PY) -m bench.diagnose
 
-demo: $(STAMP) ## the exporter end to end on replayed engine payloads (no Docker, no engine)
+demo: $(STAMP) ## the whole pipeline on simulated engines: exporters, Prometheus, Alertmanager, collector (no Docker)
 	$(PY) -m inferwatch demo --duration 30
 
 goldens: $(STAMP) ## rewrite golden files after an intended change (review the diff!)

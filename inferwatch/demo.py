@@ -1,38 +1,82 @@
-"""``inferwatch demo``: a simulated fleet, an exporter beside each engine, and a live terminal view.
+"""``inferwatch demo``: the whole pipeline on this machine, and a live view that fits 80 columns.
 
-Everything runs on this machine, on 127.0.0.1, as child processes of the demo: a simulated vLLM,
-TGI, trtllm-serve and Triton, each with built-in load, and one ``inferwatch exporter serve`` per
-engine. The view scrapes the exporters (never the simulators' internals) and computes what a
-dashboard would: request rate, TTFT and TPOT percentiles, running and waiting requests, KV usage and
-preemptions. Ctrl-C or ``--duration`` stops every process it started.
+Everything runs on 127.0.0.1 as child processes of the demo, each in a session of its own: a
+simulated vLLM, TGI, trtllm-serve and Triton under load, an exporter beside each, the collector
+(request spans, diagnosis, alert webhook), and - when Debian's binaries are installed -
+Prometheus (the generated ``prometheus.yml`` and rules of ``inferwatch generate stack``, with
+short alert durations so that the chain shows within a couple of minutes) and Alertmanager (the
+generated configuration, delivering to the collector). Without them the demo says so in one line
+and runs the rest. Ctrl-C or ``--duration`` stops every process it started.
+
+The view reads the exporters (request rate, TTFT/TPOT P99, running/waiting, KV usage, preemptions),
+the collector (exact P99 TTFT from the request rows, the top diagnosis per engine, the incidents
+that came through Alertmanager) and, through the collector, Prometheus' SLO recording rules.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
+from typing import Any, Final
 
 import httpx
-from rich.console import Console
+from rich import box
+from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
+from rich.text import Text
 
+from inferwatch.core import resources
 from inferwatch.core import vocabulary as V
 from inferwatch.core.quantile import Scrape
+from inferwatch.core.slo import SLOFile, load
+from inferwatch.stack import Exporter, Layout, generate
 
-ENGINES = (V.ENGINE_VLLM, V.ENGINE_TGI, V.ENGINE_TRTLLM, V.ENGINE_TRITON)
+ENGINES = V.ENGINES
 WINDOW_SECONDS = 10.0
 TGI_KV_TOKENS = 16384  # the simulated TGI's KV capacity, which TGI itself never exposes
+PROMETHEUS_BINARIES: Final = ("prometheus",)
+ALERTMANAGER_BINARIES: Final = ("prometheus-alertmanager", "alertmanager")
+SCRAPE_INTERVAL: Final = "2s"
+DEMO_ALERTS: Final[dict[str, str]] = {
+    # the demo's alert durations: the chain fires within a couple of minutes (production: docs/alerts.md)
+    "kv_cache_saturated_for": "10s",
+    "kv_cache_prediction_for": "10s",
+    "preemptions_for": "20s",
+    "queue_growth_for": "10s",
+    "target_down_for": "10s",
+    "metrics_absent_for": "30s",
+    "group_wait": "2s",
+    "group_interval": "10s",
+    "repeat_interval": "5m",
+    "page_repeat_interval": "5m",
+    "ticket_repeat_interval": "5m",
+}
+SHORT_SYMPTOM: Final[dict[str, str]] = {
+    "latency_p99_high": "queue backlog",
+    "throughput_low": "KV full",
+    "preemptions": "preemptions",
+    "ttft_slow": "slow TTFT",
+    "tpot_slow": "slow TPOT",
+    "error_rate_high": "errors",
+    "streams_aborted": "aborts",
+}
+
+
+def model_of(engine: str) -> str:
+    return f"{engine}-demo"
 
 
 @dataclass
@@ -60,6 +104,21 @@ class Member:
         return earlier, last
 
 
+@dataclass
+class Insight:
+    """What the collector knows, refreshed in the background (its calls may take seconds)."""
+
+    exact_p99: dict[str, float] = field(default_factory=dict)
+    diagnosis: dict[str, tuple[str, str]] = field(default_factory=dict)
+    """engine -> (severity, symptom) of its most severe finding."""
+    burn: dict[str, float] = field(default_factory=dict)
+    """model -> the highest 5m burn rate among its SLOs."""
+    incidents: list[dict[str, Any]] = field(default_factory=list)
+    incident_count: int = 0
+    alert_names: set[str] = field(default_factory=set)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
 def free_ports(n: int, base: int) -> list[int]:
     if base:
         return list(range(base, base + n))
@@ -78,71 +137,88 @@ def _fmt(value: float | None, unit: str = "", digits: int = 3) -> str:
     if value is None:
         return "-"
     if unit == "s":
-        return f"{value * 1000:.0f} ms" if value < 1 else f"{value:.2f} s"
-    return f"{value:.{digits}g}{unit}"
+        return f"{value * 1000:.0f}ms" if value < 1 else f"{value:.1f}s" if value < 100 else f"{value:.0f}s"
+    if unit == "%":
+        return f"{value:.0%}"
+    return f"{value:.{digits}g}"
+
+
+def _count(value: float | None, suffix: str = "") -> str:
+    """A count in at most four characters: 7, 12, 3.5, 250, 2.6k, 41k."""
+    if value is None:
+        return "-"
+    if value >= 10_000:
+        return f"{value / 1000:.0f}k{suffix}"
+    if value >= 1000:
+        return f"{value / 1000:.1f}k{suffix}"
+    if value >= 10 or value == int(value):
+        return f"{value:.0f}{suffix}"
+    return f"{value:.1f}{suffix}"
 
 
 def _latency(last: Scrape, earlier: Scrape | None, spec: V.MetricSpec, q: float) -> str:
     """A latency percentile; at the top of the canonical layout it is only known to be at least that."""
     value = last.quantile(earlier, spec, q)
     top = max(spec.buckets)
-    return f">= {_fmt(value, 's')}" if value is not None and value >= top else _fmt(value, "s")
+    return f">{_fmt(value, 's')}" if value is not None and value >= top else _fmt(value, "s")
 
 
-def view(members: list[Member], title: str, exact: dict[str, float] | None = None) -> Table:
-    """The live table; ``exact`` is the collector's exact P99 TTFT per engine (from its stored requests)."""
-    exact = exact or {}
-    table = Table(title=title, title_justify="left")
-    for col in (
-        "engine",
-        "up",
-        "req/s",
-        "TTFT p50",
-        "TTFT p99",
-        "exact p99",
-        "TPOT p50",
-        "TPOT p99",
-        "running",
-        "waiting",
-        "KV usage",
-        "preempt/s",
-    ):
-        table.add_column(col, justify="left" if col == "engine" else "right")
+def view(members: list[Member], title: str, insight: Insight | None = None, width: int = 80) -> Group:
+    """The live view: one row per engine, then firing incidents. Fits ``width`` columns (80 by default)."""
+    insight = insight or Insight()
+    table = Table(
+        title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1), collapse_padding=True
+    )
+    columns = (
+        ("engine", "left"),
+        ("req/s", "right"),
+        ("TTFT99", "right"),
+        ("exact", "right"),
+        ("TPOT99", "right"),
+        ("run/wait", "right"),
+        ("KV", "right"),
+        ("pre/s", "right"),
+        ("burn", "right"),
+        ("diagnosis", "left"),
+    )
+    for name, justify in columns:
+        table.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
+    with insight.lock:
+        exact, diagnosis, burn = dict(insight.exact_p99), dict(insight.diagnosis), dict(insight.burn)
+        incidents, count = list(insight.incidents), insight.incident_count
     for m in members:
         earlier, last = m.window()
         if last is None:
-            table.add_row(m.engine, "…", *["-"] * 10)
+            table.add_row(m.engine, *["-"] * 9)
             continue
+        running, waiting = last.values.get(V.REQUESTS_RUNNING.name), last.values.get(V.REQUESTS_WAITING.name)
+        found = diagnosis.get(m.engine)
+        diag = Text("ok", style="green")
+        if found is not None:
+            severity, symptom = found
+            diag = Text(SHORT_SYMPTOM.get(symptom, symptom), style="bold red" if severity == "critical" else "yellow")
+        rate = burn.get(model_of(m.engine))
+        burn_text = Text(_count(rate, "x"), style="bold red" if rate and rate >= 14.4 else "")
         table.add_row(
-            m.engine,
-            "[green]1[/]" if last.up else "[red]0[/]",
-            _fmt(last.rate(earlier, V.REQUESTS.name)),
-            _latency(last, earlier, V.TIME_TO_FIRST_TOKEN, 0.5),
+            Text(m.engine, style="" if last.up else "red strike"),
+            _count(last.rate(earlier, V.REQUESTS.name)),
             _latency(last, earlier, V.TIME_TO_FIRST_TOKEN, 0.99),
             _fmt(exact.get(m.engine), "s"),
-            _latency(last, earlier, V.TIME_PER_OUTPUT_TOKEN, 0.5),
             _latency(last, earlier, V.TIME_PER_OUTPUT_TOKEN, 0.99),
-            _fmt(last.values.get(V.REQUESTS_RUNNING.name)),
-            _fmt(last.values.get(V.REQUESTS_WAITING.name)),
-            _fmt(last.gauges_max.get(V.KV_CACHE_USAGE.name), digits=2),
-            _fmt(last.rate(earlier, V.PREEMPTIONS.name)),
+            f"{_count(running)}/{_count(waiting)}",
+            _fmt(last.gauges_max.get(V.KV_CACHE_USAGE.name), "%"),
+            _count(last.rate(earlier, V.PREEMPTIONS.name)),
+            burn_text,
+            diag,
         )
-    return table
-
-
-def exact_p99(client: httpx.Client, collector: str) -> dict[str, float]:
-    """P99 TTFT per engine over the view's window, computed by the collector from request rows."""
-    params = {"window": f"{WINDOW_SECONDS:g}s", "group_by": "engine"}
-    try:
-        body = client.get(f"{collector}/api/v1/stats", params=params, timeout=5).json()
-    except (httpx.HTTPError, ValueError):
-        return {}
-    out = {}
-    for entry in body.get("data", []):
-        p99 = (entry.get("time_to_first_token") or {}).get("p99")
-        if p99 is not None:
-            out[str(entry["engine"])] = float(p99)
-    return out
+    lines: list[Text] = []
+    firing = [i for i in incidents if i.get("status") == "firing"]
+    summary = f"incidents: {count} ({len(firing)} firing) via Prometheus -> Alertmanager -> collector"
+    lines.append(Text(summary, style="bold" if firing else "dim"))
+    for incident in firing[:3]:
+        text = f"  FIRING #{incident['id']} {incident['title']}"
+        lines.append(Text(text[: width - 1] + ("…" if len(text) > width - 1 else ""), style="bold red"))
+    return Group(table, *lines)
 
 
 def _scrape(client: httpx.Client, m: Member) -> None:
@@ -150,20 +226,107 @@ def _scrape(client: httpx.Client, m: Member) -> None:
         text = client.get(m.metrics_url, timeout=5).text
     except httpx.HTTPError:
         return
-    m.history.append(Scrape.parse(text, time.monotonic()))
+    with contextlib.suppress(ValueError):
+        m.history.append(Scrape.parse(text, time.monotonic()))
+
+
+def refresh_insight(client: httpx.Client, collector: str, insight: Insight, with_prometheus: bool) -> None:
+    """One round of questions to the collector (each may take a few seconds; errors leave the old answer)."""
+    with contextlib.suppress(httpx.HTTPError, ValueError, KeyError, TypeError):
+        body = client.get(
+            f"{collector}/api/v1/stats", params={"window": f"{WINDOW_SECONDS:g}s", "group_by": "engine"}, timeout=5
+        ).json()
+        exact = {
+            str(e["engine"]): float(e["time_to_first_token"]["p99"])
+            for e in body.get("data", [])
+            if (e.get("time_to_first_token") or {}).get("p99") is not None
+        }
+        with insight.lock:
+            insight.exact_p99 = exact
+    with contextlib.suppress(httpx.HTTPError, ValueError, KeyError, TypeError):
+        body = client.get(f"{collector}/api/v1/diagnose", params={"window": "1m", "examples": 0}, timeout=15).json()
+        found: dict[str, tuple[str, str]] = {}
+        for finding in body.get("findings", []):  # most severe first
+            found.setdefault(str(finding["engine"]), (str(finding["severity"]), str(finding["symptom"])))
+        with insight.lock:
+            insight.diagnosis = found
+    if with_prometheus:
+        with contextlib.suppress(httpx.HTTPError, ValueError, KeyError, TypeError):
+            body = client.get(f"{collector}/api/v1/slos", timeout=10).json()
+            burn: dict[str, float] = {}
+            for slo in body.get("slos", []):
+                for group in slo.get("groups", []):
+                    model = group.get("labels", {}).get(V.LABEL_MODEL)
+                    rate = (group.get("burn_rates") or {}).get("5m")
+                    if model and rate is not None:
+                        burn[model] = max(burn.get(model, 0.0), float(rate))
+            with insight.lock:
+                insight.burn = burn
+    with contextlib.suppress(httpx.HTTPError, ValueError, KeyError, TypeError):
+        page = client.get(f"{collector}/api/v1/incidents", params={"limit": 10}, timeout=5).json()
+        names: set[str] = set()
+        for incident in page.get("data", []):
+            names.update(part.split(" (")[0] for part in str(incident["title"]).split(" + "))
+        with insight.lock:
+            insight.incidents, insight.incident_count = list(page.get("data", [])), int(page.get("count", 0))
+            insight.alert_names |= names
+
+
+def _binary(names: tuple[str, ...]) -> str | None:
+    for name in names:
+        path = shutil.which(name)
+        if path:
+            return path
+    return None
+
+
+def demo_spec() -> SLOFile:
+    spec = load(resources.default_slo_path(), V.Vocabulary())
+    return spec.model_copy(update={"alerts": spec.alerts.model_copy(update=DEMO_ALERTS)})
+
+
+@dataclass
+class Children:
+    logdir: Path
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    def start(self, name: str, cmd: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+        log = (self.logdir / f"{name}.log").open("wb")
+        proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env={**os.environ, **(env or {})}
+        )
+        log.close()
+        self.procs.append(proc)
+        return proc
+
+    def stop(self) -> int:
+        for p in self.procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGTERM)
+        end = time.monotonic() + 10
+        for p in self.procs:
+            try:
+                p.wait(timeout=max(0.1, end - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+        return len(self.procs)
 
 
 def run_demo(duration: float | None, vllm_profile: str, speed: float, base_port: int) -> int:
-    console = Console()
+    console = Console(highlight=False)
     if not console.is_terminal:
-        console = Console(width=160)
-    ports = free_ports(2 * len(ENGINES) + 2, base_port)
+        console = Console(width=80, highlight=False)
+    width = min(console.width, 100)
+    ports = free_ports(2 * len(ENGINES) + 4, base_port)
     members = [Member(e, ports[2 * i], ports[2 * i + 1]) for i, e in enumerate(ENGINES)]
-    collector_http, collector_grpc = ports[-2], ports[-1]
+    collector_http, collector_grpc, prom_port, am_port = ports[-4:]
     collector = f"http://127.0.0.1:{collector_http}"
     logdir = Path(tempfile.mkdtemp(prefix="inferwatch-demo-"))
-    procs: list[subprocess.Popen[bytes]] = []
+    children = Children(logdir)
     py = [sys.executable, "-m", "inferwatch"]
+    prometheus_bin, alertmanager_bin = _binary(PROMETHEUS_BINARIES), _binary(ALERTMANAGER_BINARIES)
     stopping = False
 
     def stop(signum: int, frame: FrameType | None) -> None:
@@ -173,75 +336,91 @@ def run_demo(duration: float | None, vllm_profile: str, speed: float, base_port:
     old_int = signal.signal(signal.SIGINT, stop)
     old_term = signal.signal(signal.SIGTERM, stop)
     try:
+        layout = Layout(
+            exporters=tuple(Exporter(f"127.0.0.1:{m.exporter_port}") for m in members),
+            prometheus=f"127.0.0.1:{prom_port}",
+            alertmanager=f"127.0.0.1:{am_port}",
+            collector=f"127.0.0.1:{collector_http}",
+            scrape_interval=SCRAPE_INTERVAL,
+            evaluation_interval=SCRAPE_INTERVAL,
+        )
+        config = logdir / "config"
+        for name, content in generate(demo_spec(), V.Vocabulary(), layout).items():
+            (config / name).parent.mkdir(parents=True, exist_ok=True)
+            (config / name).write_bytes(content)
         col_cmd = [
             *py,
             "collector",
             "serve",
-            "--data-dir",
-            str(logdir / "collector"),
-            "--listen",
-            f"127.0.0.1:{collector_http}",
-            "--grpc-listen",
-            f"127.0.0.1:{collector_grpc}",
-            "--log-level",
-            "warning",
+            f"--data-dir={logdir / 'collector'}",
+            f"--listen=127.0.0.1:{collector_http}",
+            f"--grpc-listen=127.0.0.1:{collector_grpc}",
+            f"--notify-config={config / 'collector' / 'notify.yaml'}",
+            "--log-level=warning",
+            *(f"--exporter=http://127.0.0.1:{m.exporter_port}" for m in members),
         ]
-        log = (logdir / "collector.log").open("wb")
-        procs.append(subprocess.Popen(col_cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+        if prometheus_bin:
+            col_cmd.append(f"--prometheus-url=http://127.0.0.1:{prom_port}")
+        children.start("collector", col_cmd, {"INFERWATCH_COLLECTOR_EXPORTER_INTERVAL_SECONDS": "2"})
         for i, m in enumerate(members):
             profile = vllm_profile if m.engine == V.ENGINE_VLLM else "steady"
             sim = [
                 *py,
                 "simulate",
-                "--engine",
-                m.engine,
-                "--port",
-                str(m.sim_port),
-                "--model",
-                f"{m.engine}-demo",
-                "--profile",
-                profile,
-                "--seed",
-                str(i),
-                "--speed",
-                str(speed),
+                f"--engine={m.engine}",
+                f"--port={m.sim_port}",
+                f"--model={model_of(m.engine)}",
+                f"--profile={profile}",
+                f"--seed={i}",
+                f"--speed={speed}",
             ]
             # spans go to the collector the way each engine sends them: vLLM and TGI over gRPC, trtllm over HTTP
             if m.engine in (V.ENGINE_VLLM, V.ENGINE_TGI):
-                sim += ["--otlp-endpoint", f"http://127.0.0.1:{collector_grpc}", "--otlp-protocol", "grpc"]
+                sim += [f"--otlp-endpoint=http://127.0.0.1:{collector_grpc}", "--otlp-protocol=grpc"]
             elif m.engine == V.ENGINE_TRTLLM:
-                sim += ["--otlp-endpoint", f"{collector}/v1/traces"]
-            exp = [
-                *py,
-                "exporter",
-                "serve",
-                "--target",
-                m.sim_url,
-                "--engine",
-                m.engine,
-                "--listen",
-                f"127.0.0.1:{m.exporter_port}",
-                "--log-level",
-                "warning",
-            ]
+                sim += [f"--otlp-endpoint={collector}/v1/traces"]
+            exp = [*py, "exporter", "serve", f"--target={m.sim_url}", f"--engine={m.engine}"]
+            exp += [f"--listen=127.0.0.1:{m.exporter_port}", "--log-level=warning"]
             if m.engine == V.ENGINE_TGI:
                 exp += ["--engine-option", f"max_batch_total_tokens={TGI_KV_TOKENS}"]
-            for name, cmd in ((f"{m.engine}-simulator", sim), (f"{m.engine}-exporter", exp)):
-                log = (logdir / f"{name}.log").open("wb")
-                procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
-        table = Table(title="demo endpoints (curl them, or point Prometheus at the exporters)", title_justify="left")
-        for col in ("engine", "simulated engine", "exporter /metrics"):
-            table.add_column(col)
-        for m in members:
-            table.add_row(m.engine, m.sim_url, m.metrics_url)
-        table.add_row("collector", f"{collector}/api/v1/requests", f"{collector}/metrics")
-        console.print(table)
-        console.print(f"logs: {logdir}   profile of the simulated vLLM: {vllm_profile}   speed: {speed:g}x")
-        console.print(
-            "switch a profile live: curl -XPOST "
-            f"{members[0].sim_url}/simulator/profile -H 'content-type: application/json' "
-            '-d \'{"profile": "kv-pressure"}\'\n'
+            children.start(f"{m.engine}-simulator", sim)
+            children.start(f"{m.engine}-exporter", exp)
+        if prometheus_bin:
+            children.start(
+                "prometheus",
+                [
+                    prometheus_bin,
+                    f"--config.file={config / 'prometheus' / 'prometheus.yml'}",
+                    f"--storage.tsdb.path={logdir / 'prometheus-data'}",
+                    f"--web.listen-address=127.0.0.1:{prom_port}",
+                    "--log.level=warn",
+                ],
+            )
+        if alertmanager_bin:
+            children.start(
+                "alertmanager",
+                [
+                    alertmanager_bin,
+                    f"--config.file={config / 'alertmanager' / 'alertmanager.yml'}",
+                    f"--storage.path={logdir / 'alertmanager-data'}",
+                    f"--web.listen-address=127.0.0.1:{am_port}",
+                    "--cluster.listen-address=",
+                    "--log.level=warn",
+                ],
+            )
+        _print_endpoints(
+            console, members, collector, prom_port if prometheus_bin else None, am_port if alertmanager_bin else None
         )
+        if not prometheus_bin:
+            console.print("Prometheus is not installed (Debian: prometheus): no SLO burn and no alerts in this run.")
+        elif not alertmanager_bin:
+            console.print(
+                "Alertmanager is not installed (Debian: prometheus-alertmanager): alerts fire, none is routed."
+            )
+        console.print(
+            f"logs and generated configuration: {logdir}   vLLM profile: {vllm_profile}   speed: {speed:g}x\n"
+        )
+        insight = Insight()
         deadline = None if duration is None else time.monotonic() + duration
         with httpx.Client() as client:
             ready_by = time.monotonic() + 60
@@ -250,45 +429,72 @@ def run_demo(duration: float | None, vllm_profile: str, speed: float, base_port:
                     _scrape(client, m)
                 if all(m.history and m.history[-1].up for m in members):
                     break
-                if any(p.poll() is not None for p in procs):
+                if any(p.poll() is not None for p in children.procs):
                     console.print(f"[red]a demo process exited early; see the logs in {logdir}[/]")
                     return 1
                 time.sleep(0.5)
+            done = threading.Event()
+
+            def background() -> None:
+                with httpx.Client() as own:
+                    while not done.is_set():
+                        refresh_insight(own, collector, insight, prometheus_bin is not None)
+                        done.wait(3.0)
+
+            worker = threading.Thread(target=background, name="demo-insight", daemon=True)
+            worker.start()
+            title = f"inferwatch demo - last {WINDOW_SECONDS:g} s"
             live = console.is_terminal
             last_print = 0.0
-            with (
-                Live(view(members, "inferwatch demo"), console=console, refresh_per_second=2)
-                if live
-                else (contextlib.nullcontext()) as display
-            ):
-                while not stopping and (deadline is None or time.monotonic() < deadline):
-                    for m in members:
-                        _scrape(client, m)
-                    title = (
-                        f"inferwatch demo — last {WINDOW_SECONDS:g} s, read from the exporters "
-                        "(exact p99: from the collector's request rows)"
-                    )
-                    exact = exact_p99(client, collector)
-                    if display is not None:
-                        display.update(view(members, title, exact))
-                    elif time.monotonic() - last_print >= 5:
-                        console.print(view(members, title, exact))
-                        last_print = time.monotonic()
-                    time.sleep(1.0)
-            console.print(view(members, "final state (read from the exporters)", exact_p99(client, collector)))
+            try:
+                with (
+                    Live(view(members, title, insight, width), console=console, refresh_per_second=2)
+                    if live
+                    else contextlib.nullcontext()
+                ) as display:
+                    while not stopping and (deadline is None or time.monotonic() < deadline):
+                        for m in members:
+                            _scrape(client, m)
+                        if display is not None:
+                            display.update(view(members, title, insight, width))
+                        elif time.monotonic() - last_print >= 10:
+                            console.print(view(members, title, insight, width))
+                            last_print = time.monotonic()
+                        time.sleep(1.0)
+            finally:
+                done.set()
+                worker.join(timeout=20)
+            refresh_insight(client, collector, insight, prometheus_bin is not None)
+            console.print(view(members, "final state", insight, width))
+            with insight.lock:
+                names = ", ".join(sorted(insight.alert_names)) or "none"
+            console.print(f"alerts that reached the collector: {names}")
         return 0
     finally:
         signal.signal(signal.SIGINT, old_int)
         signal.signal(signal.SIGTERM, old_term)
-        for p in procs:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(p.pid, signal.SIGTERM)
-        end = time.monotonic() + 10
-        for p in procs:
-            try:
-                p.wait(timeout=max(0.1, end - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
-        console.print(f"stopped {len(procs)} processes")
+        console.print(f"stopped {children.stop()} processes")
+
+
+def _print_endpoints(
+    console: Console, members: list[Member], collector: str, prom_port: int | None, am_port: int | None
+) -> None:
+    table = Table(title="endpoints (curl them, open them in a browser)", title_justify="left", box=box.SIMPLE_HEAD)
+    table.add_column("what")
+    table.add_column("URL")
+    for m in members:
+        table.add_row(f"{m.engine} (simulated)", m.sim_url)
+        table.add_row(f"{m.engine} exporter", m.metrics_url)
+    table.add_row("collector API", f"{collector}/docs")
+    table.add_row("diagnosis", f"{collector}/api/v1/diagnose")
+    table.add_row("incidents", f"{collector}/api/v1/incidents")
+    if prom_port:
+        table.add_row("Prometheus", f"http://127.0.0.1:{prom_port}")
+    if am_port:
+        table.add_row("Alertmanager", f"http://127.0.0.1:{am_port}")
+    console.print(table)
+    console.print(
+        "switch the vLLM profile live: curl -XPOST "
+        f"{members[0].sim_url}/simulator/profile -H 'content-type: application/json'"
+        ' -d \'{"profile": "kv-pressure"}\''
+    )

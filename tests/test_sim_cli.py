@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from inferwatch.core import vocabulary as V
-from tests.conftest import ROOT, free_port
+from tests.conftest import ROOT, free_port, require_tool
 
 PROC = Path("/proc")
 Process = tuple[int, int]
@@ -129,17 +129,20 @@ def kill_groups(pgids: list[int]) -> None:
             os.killpg(pgid, signal.SIGKILL)
 
 
-def test_demo_runs_the_fleet_and_stops_everything(tmp_path: Path) -> None:
-    """The demo starts 9 processes, each in a session of its own, and stops them all: the test records the
-    demo's descendants while it runs and checks afterwards that each of them, and each one's process
-    group, is gone (the demo's own group too)."""
+def test_demo_runs_the_whole_pipeline_and_stops_everything(tmp_path: Path) -> None:
+    """The demo starts the simulated fleet, the exporters, the collector, Prometheus and Alertmanager, each
+    in a session of its own; under kv-pressure an alert travels Prometheus -> Alertmanager -> collector; at
+    the end every process it started is gone: the test records the demo's descendants while it runs and
+    checks afterwards that each of them, and each one's process group, is gone (the demo's own group too)."""
+    require_tool("prometheus")
+    require_tool("prometheus-alertmanager")
     if not (PROC / "self" / "stat").exists():
         message = "needs /proc to follow the demo's processes"
         if os.environ.get("CI"):
             pytest.fail(message + " and CI is set: this test must not be skipped")
         pytest.skip(message)
     out, err = tmp_path / "stdout", tmp_path / "stderr"
-    cmd = [sys.executable, "-m", "inferwatch", "demo", "--duration", "12", "--profile", "kv-pressure", "--speed", "3"]
+    cmd = [sys.executable, "-m", "inferwatch", "demo", "--duration", "75", "--profile", "kv-pressure", "--speed", "3"]
     seen: dict[Process, str] = {}
     with out.open("w") as stdout, err.open("w") as stderr:
         demo = subprocess.Popen(
@@ -147,7 +150,7 @@ def test_demo_runs_the_fleet_and_stops_everything(tmp_path: Path) -> None:
             cwd=ROOT,
             stdout=stdout,
             stderr=stderr,
-            env={**os.environ, "COLUMNS": "200"},
+            env={**os.environ, "COLUMNS": "80"},
             start_new_session=True,  # the demo leads a process group of its own
         )
     try:
@@ -165,20 +168,21 @@ def test_demo_runs_the_fleet_and_stops_everything(tmp_path: Path) -> None:
         kill_groups([pid for pid, _ in left])  # what the demo left behind, so that the test leaves nothing
     stdout_text = out.read_text()
     assert demo.returncode == 0, stdout_text + err.read_text()
-    simulators = [c for c in seen.values() if " simulate --engine " in c]
+    simulators = [c for c in seen.values() if " simulate --engine" in c]
     assert len(simulators) == len(V.ENGINES), f"expected a simulator per engine among the demo's processes: {seen}"
     assert group_empty(demo.pid), "a process is left in the demo's process group"
     assert not left, f"the demo left processes behind: {left}"
+    assert max(len(line) for line in stdout_text.splitlines()) <= 80, "the view must fit 80 columns"
     final = stdout_text.split("final state")[-1]
-    rows = {ln.split("│")[1].strip(): ln for ln in final.splitlines() if ln.count("│") > 5}
+    rows = {ln.split()[0]: ln.split() for ln in final.splitlines() if ln.split() and ln.split()[0] in V.ENGINES}
     assert set(rows) == set(V.ENGINES), final
-    for engine, row in rows.items():
-        cells = [c.strip() for c in row.split("│")[1:-1]]
-        assert cells[1] == "1", f"{engine} exporter not up: {row}"
-        assert cells[2] not in ("-", "0"), f"{engine} shows no traffic: {row}"
-    vllm_cells = [c.strip() for c in rows[V.ENGINE_VLLM].split("│")[1:-1]]
-    assert vllm_cells[-1] not in ("-", "0"), "kv-pressure should show vLLM preemptions"
-    for engine in (V.ENGINE_VLLM, V.ENGINE_TGI, V.ENGINE_TRTLLM):  # spans reached the collector
-        cells = [c.strip() for c in rows[engine].split("│")[1:-1]]
-        assert cells[5] != "-", f"no exact p99 from the collector for {engine}: {rows[engine]}"
-    assert "stopped 9 processes" in stdout_text
+    for engine, cells in rows.items():
+        assert cells[1] not in ("-", "0"), f"{engine} shows no traffic: {cells}"
+    vllm = rows[V.ENGINE_VLLM]
+    assert vllm[7] not in ("-", "0"), f"kv-pressure should show vLLM preemptions: {vllm}"
+    assert vllm[-1] == "preemptions", f"the diagnosis should name preemptions for vLLM: {vllm}"
+    for engine in (V.ENGINE_TGI, V.ENGINE_TRTLLM):  # spans reached the collector
+        assert rows[engine][3] != "-", f"no exact p99 from the collector for {engine}: {rows[engine]}"
+    reached = stdout_text.split("alerts that reached the collector:")[-1]
+    assert V.ALERT_PREEMPTIONS_SUSTAINED in reached or V.ALERT_KV_SATURATED in reached, reached
+    assert "stopped 11 processes" in stdout_text

@@ -81,11 +81,14 @@ def demo(
     speed: Annotated[float, typer.Option(help="Simulated seconds per wall second.")] = 1.0,
     base_port: Annotated[int, typer.Option(help="First port to use (0: any free ports).")] = 0,
 ) -> None:
-    """A simulated vLLM, TGI, trtllm-serve and Triton under load, an exporter beside each, and a live view.
+    """The whole pipeline here, on 127.0.0.1: simulated engines, exporters, Prometheus, Alertmanager, collector.
 
-    Nothing to install and no Docker: every process runs here, on 127.0.0.1. The view reads the
-    exporters' canonical output (not the simulators' internals), as Prometheus would. Ctrl-C (or
-    --duration) stops every process it started.
+    A simulated vLLM, TGI, trtllm-serve and Triton under load, an exporter beside each, the collector
+    (spans, diagnosis, alert webhook) and, when Debian's prometheus and prometheus-alertmanager are
+    installed, Prometheus with the generated rules and Alertmanager delivering to the collector. The
+    live view (80 columns) shows traffic, latency, KV usage, preemptions, SLO burn, the top diagnosis
+    per engine and the incidents. --profile kv-pressure fires the chain within about two minutes.
+    Ctrl-C (or --duration) stops every process it started.
     """
     from inferwatch.demo import run_demo
 

@@ -15,11 +15,14 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $(STAMP)
 
-system-deps: ## install Debian's prometheus (promtool), prometheus-alertmanager and chromium when missing
+system-deps: ## Debian packages the tests drive, when missing
 	@missing=""; \
 	command -v promtool >/dev/null 2>&1 || missing="$$missing prometheus"; \
 	command -v prometheus-alertmanager >/dev/null 2>&1 || missing="$$missing prometheus-alertmanager"; \
 	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
+	command -v haproxy >/dev/null 2>&1 || missing="$$missing haproxy"; \
+	command -v vmalert >/dev/null 2>&1 || missing="$$missing victoria-metrics"; \
+	command -v docker-compose >/dev/null 2>&1 || missing="$$missing docker-compose"; \
 	if [ -n "$$missing" ]; then \
 		if command -v apt-get >/dev/null 2>&1; then \
 			echo "installing Debian packages$$missing"; \
@@ -29,32 +32,34 @@ system-deps: ## install Debian's prometheus (promtool), prometheus-alertmanager 
 		fi; \
 	fi
 
-install: $(STAMP) system-deps ## Python deps into .venv, plus system packages the tests need
+install: $(STAMP) system-deps ## .venv with the Python deps, plus system-deps
 
-lint: $(STAMP) ## ruff, mypy --strict and the import contracts (layers, purity, no cycles)
+lint: $(STAMP) ## ruff, mypy --strict, import contracts (layers, purity)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 
-test: install ## run the whole test suite (real promtool; CI=1 turns skips of real components into failures)
+test: install ## the whole suite (CI=1: a missing tool fails, not skips)
 	$(PY) -m pytest -q
 
-bench: $(STAMP) ## benchmarks (exit non-zero when a target ratio is missed)
+bench: $(STAMP) ## benchmarks (non-zero exit when a target is missed)
 	$(PY) -m bench.exporter
 	$(PY) -m bench.collector
 	$(PY) -m bench.diagnose
 
-demo: $(STAMP) ## the whole pipeline on simulated engines: exporters, Prometheus, Alertmanager, collector (no Docker)
+demo: $(STAMP) ## simulated fleet through the whole pipeline, no Docker
 	$(PY) -m inferwatch demo --duration 30
 
-goldens: $(STAMP) ## rewrite golden files after an intended change (review the diff!)
+goldens: $(STAMP) ## rewrite goldens after an intended change (review!)
 	$(PY) -m pytest -q tests/test_goldens.py tests/test_coverage.py tests/test_dashboards.py --update-goldens
 	$(PY) -m inferwatch generate alerts --slo alerts/slos.yaml --out alerts/generated
 	$(PY) -m inferwatch generate dashboards --slo alerts/slos.yaml --out dashboards/generated --sketches docs/dashboards
+	$(PY) -m inferwatch generate stack --out deploy
 
 check-generated: $(STAMP) ## fail when a committed generated file is stale
-	$(PY) -m pytest -q tests/test_goldens.py tests/test_coverage.py tests/test_dashboards.py
+	$(PY) -m pytest -q tests/test_goldens.py tests/test_coverage.py tests/test_dashboards.py \
+		tests/test_stack.py::test_deploy_is_the_generated_stack_byte_for_byte
 	$(PY) -m inferwatch generate alerts --slo alerts/slos.yaml --out alerts/generated --check
 	$(PY) -m inferwatch generate dashboards --slo alerts/slos.yaml --out dashboards/generated --sketches docs/dashboards --check
 

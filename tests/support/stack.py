@@ -142,3 +142,30 @@ def prometheus_cmd(binary: str, config: Path, data: Path, port: int) -> list[str
         f"--web.listen-address=127.0.0.1:{port}",
         "--log.level=warn",
     ]
+
+
+def alertmanager_cmd(binary: str, config: Path, storage: Path, port: int) -> list[str]:
+    """A single Alertmanager on 127.0.0.1: no cluster port (``--cluster.listen-address=`` empty), no gossip."""
+    return [
+        binary,
+        f"--config.file={config}",
+        f"--storage.path={storage}",
+        f"--web.listen-address=127.0.0.1:{port}",
+        "--cluster.listen-address=",
+    ]
+
+
+def collector_cmd(port: int, grpc_port: int, data_dir: Path, *options: str) -> list[str]:
+    """``inferwatch collector serve`` on 127.0.0.1 (API and OTLP/gRPC), its database under ``data_dir``."""
+    return [
+        *INFERWATCH,
+        "collector",
+        "serve",
+        "--listen",
+        f"127.0.0.1:{port}",
+        "--grpc-listen",
+        f"127.0.0.1:{grpc_port}",
+        "--data-dir",
+        str(data_dir),
+        *options,
+    ]

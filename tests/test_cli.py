@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import pytest
@@ -182,3 +183,39 @@ def test_parse_listen() -> None:
     assert parse_listen("127.0.0.1:9400") == ("127.0.0.1", 9400)
     with pytest.raises(ConfigError):
         parse_listen("9400")
+
+
+def _commands(command: object, path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    out = [path]
+    for name, sub in (getattr(command, "commands", None) or {}).items():
+        out += _commands(sub, (*path, name))
+    return out
+
+
+def test_every_help_screen_fits_80_columns_and_wraps_its_prose(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Typer keeps a docstring's hard line breaks; ``main`` reflows them, or an 80-column terminal
+    shows paragraphs cut in ragged halves (a line ending early, then a full one)."""
+    import typer
+
+    from inferwatch.cli.common import reflow_help
+
+    monkeypatch.setenv("COLUMNS", "80")
+    monkeypatch.delenv("FORCE_COLOR", raising=False)
+    root = reflow_help(typer.main.get_command(app))
+    paths = _commands(root)
+    assert len(paths) > 15
+    for path in paths:
+        with pytest.raises(SystemExit) as done:
+            root.main([*path, "--help"], prog_name="inferwatch")
+        assert done.value.code == 0, path
+        lines = capsys.readouterr().out.splitlines()
+        assert max(len(line) for line in lines) <= 80, path
+        boxed = ("│", "╭", "╰")
+        prose = [line.rstrip() for line in lines if line.startswith(" ") and not line.strip().startswith(boxed)]
+        for this, following in itertools.pairwise(prose):
+            # a wrapped paragraph fills each line but its last; a short line followed by more of the
+            # same paragraph is a hard break that was not reflowed
+            if this.strip() and following.strip() and not following.strip().startswith(("-", "$", "•")):
+                assert len(this) >= 50 or this.endswith((":", ".")), (path, this, following)

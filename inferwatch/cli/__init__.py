@@ -15,7 +15,7 @@ from rich.console import Console
 
 from inferwatch import __version__
 from inferwatch.cli.collector import collector_app, db_app
-from inferwatch.cli.common import load_settings
+from inferwatch.cli.common import load_settings, reflow_help
 from inferwatch.cli.exporter import exporter_app
 from inferwatch.cli.generate import generate_app
 from inferwatch.cli.oncall import register as register_oncall
@@ -65,4 +65,4 @@ def vocabulary_cmd(
 
 
 def main() -> None:
-    app()
+    reflow_help(typer.main.get_command(app))()

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import inspect
+from typing import Any
+
 import typer
 from rich.console import Console
 from rich.markup import escape
@@ -46,3 +49,32 @@ def setup_logging(level: str) -> None:
     logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for name in QUIET_LOGGERS:
         logging.getLogger(name).setLevel(max(logging.WARNING, logging.getLogger().level))
+
+
+def reflow(text: str | None) -> str | None:
+    """Join the hard-wrapped lines of each paragraph, so the help screen wraps them to the terminal.
+
+    Typer keeps single line breaks of a docstring: a paragraph wrapped at 100 columns in the source
+    comes out ragged on an 80-column terminal. Paragraphs that are lists or marked with ``\\b`` keep
+    their lines."""
+    if not text:
+        return text
+    out = []
+    for paragraph in text.split("\n\n"):
+        lines = paragraph.strip("\n").split("\n")
+        keep = paragraph.startswith("\b") or any(line.lstrip().startswith(("- ", "* ", "$ ")) for line in lines)
+        out.append(paragraph if keep else " ".join(line.strip() for line in lines))
+    return "\n\n".join(out)
+
+
+def reflow_help(command: Any) -> Any:
+    """Reflow the help of ``command`` (a Click command built by Typer, which vendors its own Click:
+    hence duck typing), its options and every subcommand (see :func:`reflow`)."""
+    if command.help:
+        command.help = reflow(inspect.cleandoc(command.help))
+    for param in command.params:
+        if getattr(param, "help", None):
+            param.help = reflow(param.help)
+    for sub in (getattr(command, "commands", None) or {}).values():
+        reflow_help(sub)
+    return command

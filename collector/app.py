@@ -33,9 +33,14 @@ def create_app(settings: CollectorSettings, engine: Engine | None = None, start_
         try:
             yield
         finally:
-            await collector.alerts.stop()
-            await collector.oncall.close()
-            await asyncio.to_thread(collector.stop)
+            # every step runs even when an earlier one fails: the writer must flush its queue
+            try:
+                await collector.alerts.stop()
+            finally:
+                try:
+                    await collector.oncall.close()
+                finally:
+                    await asyncio.to_thread(collector.stop)
 
     app = FastAPI(
         title="inferwatch collector",

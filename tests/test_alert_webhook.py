@@ -206,3 +206,58 @@ def test_on_postgresql(sink: Sink, tmp_path: Path) -> None:
             assert count(client, ALERTS_TABLE) == 1
             time.sleep(0.5)
             assert len(sink.bodies("/json")) == 1
+
+
+def test_an_alert_firing_again_with_the_same_start_is_forwarded_again(tmp_path: Path, sink: Sink) -> None:
+    """Prometheus gives a re-fired alert a new startsAt; other senders reuse it. Either way it pages."""
+    settings = CollectorSettings(data_dir=tmp_path, grpc_listen=None, notify_config=notify_file(tmp_path, sink))
+    firing = alert(V.ALERT_PREEMPTIONS_SUSTAINED, LABELS, starts=T0)
+    resolved = {**firing, "status": "resolved", "endsAt": "2026-12-01T12:10:00Z"}
+    with client_for(settings) as client:
+        first = client.post(WEBHOOK, json=notification([firing], group=GROUP)).json()["incidents"][0]
+        client.post(WEBHOOK, json=notification([resolved], group=GROUP))
+        sink.wait_for(2, "/json")
+        again = client.post(WEBHOOK, json=notification([firing], group=GROUP)).json()
+        assert again["new_alerts"] == 1 and again["repeats"] == 0
+        reopened = again["incidents"][0]
+        assert reopened != first
+        assert [b["event"] for b in sink.wait_for(3, "/json")] == ["firing", "resolved", "firing"]
+        detail = client.get(f"/api/v1/incidents/{reopened}").json()
+        assert detail["status"] == "firing" and detail["firing_alerts"] == 1
+        assert count(client, ALERTS_TABLE) == 1  # the same alert, moved to the new incident
+
+
+def test_a_hanging_receiver_does_not_stop_the_shutdown(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A receiver that accepts and never answers holds the worker's pass; shutdown still flushes the
+    writer and closes the store after the worker's grace period."""
+    import socket
+
+    from inferwatch.collector.alerting import worker
+
+    monkeypatch.setattr(worker, "STOP_SECONDS", 0.5)
+    hang = socket.create_server(("127.0.0.1", 0))
+    path = tmp_path / "notify.yaml"
+    url = f"http://127.0.0.1:{hang.getsockname()[1]}/hook"
+    receiver = {"name": "hangs", "url": url, "format": "json", "timeout_seconds": 30}
+    path.write_text(yaml.safe_dump({"receivers": [receiver]}))
+    settings = CollectorSettings(data_dir=tmp_path, grpc_listen=None, notify_config=path)
+    app = create_app(settings)
+    collector = app.state.collector
+    stopped: list[bool] = []
+    real_stop = collector.stop
+
+    def recording_stop() -> None:
+        stopped.append(True)
+        real_stop()
+
+    monkeypatch.setattr(collector, "stop", recording_stop)
+    try:
+        with TestClient(app) as client:
+            client.post(WEBHOOK, json=notification([alert(V.ALERT_KV_SATURATED, LABELS, starts=T0)], group=GROUP))
+            conn, _ = hang.accept()  # the delivery is in flight, and will never be answered
+            started = time.monotonic()
+        assert time.monotonic() - started < 5
+        assert stopped == [True]
+        conn.close()
+    finally:
+        hang.close()

@@ -120,6 +120,16 @@ class Intaker:
                     resolved_names.append(alert.alertname)
                     touched.add(owner)
                     self._event(conn, owner, now, RESOLVED, f"{alert.alertname} resolved", alert_id, forward=False)
+                elif status == RESOLVED and alert.status == FIRING:
+                    # fired again with the same startsAt (senders other than Prometheus do this): the
+                    # alert joins the group's open incident, or opens one, and is forwarded again
+                    if incident_id is None:
+                        incident_id, opened_now = self._open(conn, note, now), True
+                    values.update(status=FIRING, ends_at=alert.endsAt, resolved_at=None, incident_id=incident_id)
+                    new_names.append(alert.alertname)
+                    touched.add(incident_id)
+                    detail = f"{alert.alertname} firing again"
+                    self._event(conn, incident_id, now, FIRING, detail, alert_id, forward=False)
                 else:
                     intake.repeats += 1
                 conn.execute(update(a).where(a.c.id == alert_id).values(**values))
@@ -129,23 +139,7 @@ class Intaker:
                 intake.repeats += 1
                 continue
             if incident_id is None:
-                incident_id = int(
-                    conn.execute(
-                        i.insert()
-                        .values(
-                            group_key=note.groupKey,
-                            status=FIRING,
-                            title=_title(note),
-                            severity=_severity(note.alerts),
-                            labels={**note.commonLabels, **note.groupLabels},
-                            opened_at=now,
-                            updated_at=now,
-                            enrichment_state=PENDING,
-                        )
-                        .returning(i.c.id)
-                    ).scalar_one()
-                )
-                opened_now = True
+                incident_id, opened_now = self._open(conn, note, now), True
             alert_id = int(
                 conn.execute(
                     a.insert()
@@ -192,6 +186,27 @@ class Intaker:
         intake.incident_ids = sorted(touched)
         conn.execute(update(n).where(n.c.id == intake.notification_id).values(changes=intake.changes))
         return intake
+
+    @staticmethod
+    def _open(conn: Connection, note: AmNotification, now: datetime) -> int:
+        """A new firing incident for ``note``'s group."""
+        i = INCIDENTS_TABLE
+        return int(
+            conn.execute(
+                i.insert()
+                .values(
+                    group_key=note.groupKey,
+                    status=FIRING,
+                    title=_title(note),
+                    severity=_severity(note.alerts),
+                    labels={**note.commonLabels, **note.groupLabels},
+                    opened_at=now,
+                    updated_at=now,
+                    enrichment_state=PENDING,
+                )
+                .returning(i.c.id)
+            ).scalar_one()
+        )
 
     @staticmethod
     def _event(

@@ -31,6 +31,8 @@ from inferwatch.collector.models import INCIDENTS_TABLE
 log = logging.getLogger("inferwatch.collector.alerts")
 
 POLL_SECONDS: Final = 0.5
+STOP_SECONDS: Final = 10.0
+"""How long shutdown waits for a pass in flight before cancelling it."""
 ENRICH_BATCH: Final = 4
 DONE = "done"
 
@@ -120,8 +122,10 @@ class AlertWorker:
         if self._wake is not None:
             self._wake.set()
         if self._task is not None:
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.wait_for(self._task, 10)
+            # a pass stuck on a hanging receiver or a slow Prometheus is cancelled after 10 s (its
+            # delivery stays leased and is retried once the lease lapses); the shutdown goes on
+            with contextlib.suppress(asyncio.CancelledError, TimeoutError):
+                await asyncio.wait_for(self._task, STOP_SECONDS)
             self._task = None
         if self._client is not None:
             await self._client.aclose()

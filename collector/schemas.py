@@ -151,10 +151,13 @@ class RequestDetail(RequestRow):
 
 
 class RequestDetails(Schema):
-    """Several rows answer the id (the samples of an ``n>1`` request share its request id)."""
+    """Several rows answer the id: the samples of an ``n>1`` request share its request id, and request ids
+    repeat across replicas (``instances`` then lists more than one: pass ``?instance=`` to pick one)."""
 
     data: list[RequestDetail]
     count: int
+    instances: list[str | None]
+    """the distinct instances of the rows, in the order of their first row."""
 
 
 # --- stats -----------------------------------------------------------------------------------------------------------
@@ -185,8 +188,10 @@ class StatsGroup(Schema):
 
     requests: int
     failed: int
-    prompt_tokens: int
-    generation_tokens: int
+    prompt_tokens: int | None
+    """sum over the requests that report it; null when none does."""
+    generation_tokens: int | None
+    """sum over the requests that report it; null when none does."""
     engine: str | None = None
     model: str | None = None
     instance: str | None = None

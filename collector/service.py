@@ -24,6 +24,7 @@ from inferwatch.collector.ingest import CollectorMetrics, Ingestor
 from inferwatch.collector.writer import Writer
 
 WRITER_STOP_TIMEOUT_S = 10.0
+"""At least this long for the writer to write out what is queued at shutdown (then the rest is spooled)."""
 GRPC_GRACE_S = 2.0
 
 
@@ -58,7 +59,7 @@ class Collector:
         if self.grpc_server is not None:
             self.grpc_server.stop(grace=GRPC_GRACE_S).wait()
             self.grpc_server = None
-        self.writer.stop(WRITER_STOP_TIMEOUT_S)
+        self.writer.stop(max(WRITER_STOP_TIMEOUT_S, self.settings.db_write_timeout_seconds + 2))
         if self.owns_engine:  # a caller's engine stays the caller's
             self.engine.dispose()
 
@@ -67,7 +68,7 @@ def build(settings: CollectorSettings, engine: Engine | None = None) -> Collecto
     """A collector for ``settings``, its schema migrated to head; ``engine`` may be passed in (tests)."""
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     owns_engine = engine is None
-    engine = engine or db.make_engine(settings.url())
+    engine = engine or db.make_engine(settings.url(), db_timeouts(settings))
     db.ensure_schema(engine)
     writer = Writer(
         engine,
@@ -75,6 +76,8 @@ def build(settings: CollectorSettings, engine: Engine | None = None) -> Collecto
         queue_limit=settings.queue_limit,
         batch_size=settings.batch_size,
         retention=settings.retention_delta(),
+        write_timeout=settings.db_write_timeout_seconds,
+        spool_max_bytes=settings.spool_max_bytes,
     )
     metrics = CollectorMetrics()
     on = oncall(settings)
@@ -85,11 +88,21 @@ def build(settings: CollectorSettings, engine: Engine | None = None) -> Collecto
         engine,
         writer,
         metrics,
-        Ingestor(writer, metrics),
+        Ingestor(writer, metrics, timeout=settings.ingest_timeout_seconds),
         on,
         Intaker(engine),
         AlertWorker(engine, on, notify, links),
         owns_engine=owns_engine,
+    )
+
+
+def db_timeouts(settings: CollectorSettings) -> db.DbTimeouts:
+    """The database timeouts the settings ask for."""
+    return db.DbTimeouts(
+        connect=settings.db_connect_timeout_seconds,
+        statement=settings.db_statement_timeout_seconds,
+        pool=settings.db_pool_timeout_seconds,
+        busy=settings.sqlite_busy_timeout_seconds,
     )
 
 

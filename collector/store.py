@@ -1,22 +1,27 @@
 """The read side of the request store: every query of the read API, as functions of an Engine.
 
 Blocking (routes call them through ``asyncio.to_thread``), keyword-only, no HTTP: bad input raises
-:class:`ValueError` (:class:`InvalidCursor`). Results are the response models of
-:mod:`inferwatch.collector.schemas`. Percentiles are exact: nearest rank over the stored rows,
-read by walking the covering (latency, start_time, engine, model) indexes from the nearer end.
+:class:`ValueError` (:class:`InvalidCursor`, :class:`InvalidFilter`), a database that cannot be reached
+or does not answer in time :class:`DatabaseUnavailable` (the routes answer 503). Results are the
+response models of :mod:`inferwatch.collector.schemas`. Percentiles are exact: nearest rank over the
+stored rows, read by walking the covering (latency, start_time, engine, model) indexes from the nearer end.
 """
 
 from __future__ import annotations
 
 import base64
+import binascii
+import functools
 import json
 import math
+import re
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import UTC, datetime, timedelta
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, ParamSpec, TypeVar
 
-from sqlalchemy import Column, Engine, RowMapping, and_, case, func, select, text, true
+from sqlalchemy import Column, Engine, RowMapping, and_, case, func, or_, select, text, true
 from sqlalchemy.sql.elements import ColumnElement
 
 from inferwatch.collector import db
@@ -43,6 +48,39 @@ STAT_FIELDS: Final = (TTFT, TPOT, E2E, QUEUE)
 PHASES: Final = (("queue", QUEUE), ("prefill", PREFILL), ("decode", DECODE))
 FAILED: Final = ("error", "abort")
 """finish reasons of failed requests (a request with an ``error`` failed too)."""
+MAX_OFFSET: Final = 2**62
+"""The largest offset a cursor may carry (far beyond any table; keeps OFFSET within int64)."""
+MAX_CURSOR_CHARS: Final = 200
+MAX_ROW_ID: Final = 2**63 - 1
+MAX_WINDOW: Final = timedelta(days=36_600)
+"""The longest stats window (100 years): longer ones reach before year 1."""
+READINESS_TIMEOUT_S: Final = 2.0
+"""The readiness probe's deadline (a connection attempt takes at least 2 s to time out, whatever this says)."""
+NUL: Final = "\x00"
+_HEX16: Final = re.compile(r"[0-9a-fA-F]{16}")
+_DIGITS: Final = re.compile(r"[0-9]{1,19}")
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class DatabaseUnavailable(RuntimeError):
+    """The database cannot be reached, or did not answer within its timeouts (the message says which)."""
+
+
+def guarded(fn: Callable[P, R]) -> Callable[P, R]:
+    """Turn "cannot reach the database" errors of a query into :class:`DatabaseUnavailable`."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return fn(*args, **kwargs)
+        except Exception as exc:
+            if db.is_unreachable(exc):
+                raise DatabaseUnavailable(f"database unavailable: {db.describe(exc)}") from exc
+            raise
+
+    return wrapper
 
 
 # --- requests --------------------------------------------------------------------------------------------------------
@@ -57,22 +95,34 @@ def encode_cursor(offset: int) -> str:
 
 
 def decode_cursor(cursor: str | None) -> int:
-    """The offset in a cursor of :func:`encode_cursor` (0 for none); :class:`InvalidCursor` otherwise."""
+    """The offset in a cursor of :func:`encode_cursor` (0 for none); :class:`InvalidCursor` for anything
+    else: not base64 JSON, an offset that is not a whole number in [0, :data:`MAX_OFFSET`]."""
     if not cursor:
         return 0
+    if len(cursor) > MAX_CURSOR_CHARS:
+        raise InvalidCursor("invalid cursor")
     try:
         pad = "=" * (-len(cursor) % 4)
-        offset = int(json.loads(base64.urlsafe_b64decode(cursor + pad))["o"])
-    except (ValueError, KeyError, TypeError):
+        data = json.loads(base64.urlsafe_b64decode(cursor + pad))
+        offset = data["o"]
+    except (ValueError, KeyError, TypeError, IndexError, binascii.Error, RecursionError):
         raise InvalidCursor("invalid cursor") from None
-    if offset < 0:
+    if type(offset) is not int or not 0 <= offset <= MAX_OFFSET:
         raise InvalidCursor("invalid cursor")
     return offset
 
 
+class InvalidFilter(ValueError):
+    """A filter no stored request can match and the database may not be asked about (a NUL character)."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class RequestFilter:
-    """What the request list keeps; None: no condition. ``since`` inclusive, ``until`` exclusive."""
+    """What the request list keeps; None: no condition. ``since`` inclusive, ``until`` exclusive (start times).
+
+    Text with a NUL character is refused (:class:`InvalidFilter`): the store holds none (the sources
+    replace it) and PostgreSQL cannot be asked about one.
+    """
 
     engine: str | None = None
     model: str | None = None
@@ -82,6 +132,12 @@ class RequestFilter:
     until: datetime | None = None
     min_ttft: float | None = None
     min_e2e: float | None = None
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, str) and NUL in value:
+                raise InvalidFilter(f"{f.name} must not contain a NUL character")
 
     def conditions(self) -> list[ColumnElement[bool]]:
         t = REQUEST_TABLE
@@ -106,6 +162,7 @@ class RequestFilter:
         return conds
 
 
+@guarded
 def list_requests(
     *,
     engine: Engine,
@@ -116,6 +173,8 @@ def list_requests(
     offset: int = 0,
 ) -> RequestPage:
     """One page of the matching requests (nulls last, then newest row first) and the total matching."""
+    if not 0 <= offset <= MAX_OFFSET:
+        raise InvalidCursor("invalid cursor")
     t = REQUEST_TABLE
     key = t.c[sort]
     ordering = [key.desc().nulls_last() if order == "desc" else key.asc().nulls_last(), t.c.id.desc()]
@@ -143,18 +202,26 @@ def _with_phases(row: RowMapping) -> RequestDetail:
     return RequestDetail.model_validate({**row, "phases": phases})
 
 
-def find_requests(*, engine: Engine, request_id: str) -> list[RequestDetail]:
-    """The rows a request id answers (row id, request id or span id), oldest first, with phase breakdowns."""
+@guarded
+def find_requests(*, engine: Engine, request_id: str, instance: str | None = None) -> list[RequestDetail]:
+    """The rows a request id answers (row id, request id or span id), oldest first, with phase breakdowns;
+    with ``instance``, only that instance's (request ids repeat across replicas)."""
+    if NUL in request_id or (instance is not None and NUL in instance):
+        return []  # nothing stored has one, and PostgreSQL cannot be asked
     t = REQUEST_TABLE
-    cond = t.c.request_id == request_id
-    if request_id.isdigit():
-        cond = cond | (t.c.id == int(request_id))
-    if len(request_id) == 16:
-        cond = cond | (t.c.span_id == request_id.lower())
+    conds: list[ColumnElement[bool]] = [t.c.request_id == request_id]
+    if _DIGITS.fullmatch(request_id) and 0 < int(request_id) <= MAX_ROW_ID:
+        conds.append(t.c.id == int(request_id))
+    if _HEX16.fullmatch(request_id):
+        conds.append(t.c.span_id == request_id.lower())
+    cond = or_(*conds)
+    if instance is not None:
+        cond = and_(cond, t.c.instance == instance)
     with engine.connect() as conn:
         return [_with_phases(r) for r in conn.execute(select(t).where(cond).order_by(t.c.id)).mappings()]
 
 
+@guarded
 def slowest_requests(*, engine: Engine, filters: RequestFilter, sort: SortField, limit: int) -> list[RequestDetail]:
     """The ``limit`` matching requests with the highest ``sort`` value (most recent first for ``start_time``),
     with their phase breakdowns: the examples a diagnosis finding shows."""
@@ -197,6 +264,16 @@ def percentiles(*, engine: Engine, field: str, where: ColumnElement[bool], n: in
     return out
 
 
+def finished_since(since: datetime) -> ColumnElement[bool]:
+    """Requests that finished at or after ``since``: ``end_time >= since``, spelled so that the covering
+    (latency, start_time, …) indexes answer it for the rows that also started in the window (a request
+    ends after it starts: the sources refuse one that does not) and only older rows are read for their
+    end time."""
+    t = REQUEST_TABLE
+    return or_(t.c.start_time >= since, t.c.end_time >= since)
+
+
+@guarded
 def compute_stats(
     *,
     engine: Engine,
@@ -206,17 +283,20 @@ def compute_stats(
     now: datetime | None = None,
 ) -> Stats:
     """Exact percentiles (nearest rank over the stored rows), counts and goodput per group, over the
-    requests that started in the last ``window``.
+    requests that finished in the last ``window`` (a slow request belongs to the window it ends in: a
+    window of start times would leave out its slowest requests and bias the high percentiles low).
 
     ``slos``: column name -> upper limit in seconds. A request is good when it did not fail and each
     SLO holds (TPOT of single-token outputs counts as 0): vLLM's benchmark definition of goodput.
     """
+    if not timedelta(0) < window <= MAX_WINDOW:
+        raise ValueError(f"window must be positive and at most {MAX_WINDOW.days} days")
     t = REQUEST_TABLE
     slos = slos or {}
     now = now or datetime.now(UTC)
     since = now - window
     group_col: Column[Any] | None = None if group_by == "none" else t.c[group_by]
-    base_cond: ColumnElement[bool] = t.c.start_time >= since
+    base_cond: ColumnElement[bool] = finished_since(since)
     failed = func.coalesce(t.c.finish_reason, "").in_(FAILED) | t.c.error.is_not(None)
     good_conds: list[ColumnElement[bool]] = [~failed]
     for field, limit in slos.items():
@@ -229,8 +309,8 @@ def compute_stats(
     cols: list[Any] = [
         func.count().label("requests"),
         func.sum(case((failed, 1), else_=0)).label("failed"),
-        func.coalesce(func.sum(t.c[PROMPT_TOKENS]), 0).label("prompt_tokens"),
-        func.coalesce(func.sum(t.c[GENERATION_TOKENS]), 0).label("generation_tokens"),
+        func.sum(t.c[PROMPT_TOKENS]).label("prompt_tokens"),
+        func.sum(t.c[GENERATION_TOKENS]).label("generation_tokens"),
         func.sum(good).label("good"),
         *(func.count(t.c[f]).label(f"n_{f}") for f in STAT_FIELDS),
     ]
@@ -238,7 +318,7 @@ def compute_stats(
     with engine.connect() as conn:
         oldest = conn.execute(select(func.min(t.c.start_time))).scalar_one_or_none()
         if oldest is not None and (oldest if oldest.tzinfo else oldest.replace(tzinfo=UTC)) >= since:
-            base_cond = true()  # the window holds every row: index walks need no time filter
+            base_cond = true()  # every row started (so ended) in the window: index walks need no time filter
         q = select(*([group_col] if group_col is not None else []), *cols).where(base_cond)
         if group_col is not None:
             q = q.group_by(group_col).order_by(group_col)
@@ -248,8 +328,8 @@ def compute_stats(
             entry: dict[str, Any] = {
                 "requests": int(m["requests"]),
                 "failed": int(m["failed"] or 0),
-                "prompt_tokens": int(m["prompt_tokens"]),
-                "generation_tokens": int(m["generation_tokens"]),
+                "prompt_tokens": None if m["prompt_tokens"] is None else int(m["prompt_tokens"]),
+                "generation_tokens": None if m["generation_tokens"] is None else int(m["generation_tokens"]),
             }
             if group_col is not None:
                 entry[group_by] = key
@@ -276,11 +356,13 @@ def compute_stats(
 # --- health ----------------------------------------------------------------------------------------------------------
 
 
-def database_problem(*, engine: Engine) -> str | None:
-    """None when the database answers and its schema is at the migrations' head; else what is wrong."""
+def database_problem(*, engine: Engine, timeout: float = READINESS_TIMEOUT_S) -> str | None:
+    """None when the database answers within ``timeout`` and its schema is at the migrations' head; else
+    what is wrong."""
     try:
-        with engine.connect() as conn:
-            conn.execute(text("SELECT 1"))
-        return None if db.at_head(engine) else "migrations not at head"
+        with db.deadline(timeout):
+            with engine.connect() as conn:
+                conn.execute(text("SELECT 1"))
+            return None if db.at_head(engine) else "migrations not at head"
     except Exception as exc:
-        return f"{exc.__class__.__name__}: {exc}"
+        return db.describe(exc)

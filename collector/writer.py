@@ -1,37 +1,48 @@
 """The collector's write path: a bounded queue drained by one background thread into the store.
 
-Receivers (OTLP HTTP/gRPC) call :meth:`Writer.submit`; it never blocks on the database. A full
-queue refuses the whole batch (``submit`` returns False: answer 429 / RESOURCE_EXHAUSTED). The
-thread writes batches with :func:`inferwatch.collector.db.insert_records`, which is idempotent on
-(trace_id, span_id), so writing a record twice is harmless.
+Durability: a span is acknowledged only once it is durable. Receivers (OTLP HTTP/gRPC) call
+:meth:`Writer.offer` and wait on the returned :class:`Ticket`; the ticket is settled when every
+record of the batch is committed to the database, or appended to the spool and fsync'd, or
+refused by the database for what it contains (counted, with the reason). Group commit: the thread
+takes everything queued into one transaction (up to ``batch_size * COALESCE_BATCHES`` records),
+so concurrent exports share one commit; whatever arrives meanwhile goes into the next one. A
+full queue, a spool over its limit or a stopping writer refuse the batch (nothing queued).
+:func:`inferwatch.collector.db.insert_records` is idempotent on (trace_id, span_id), so writing a
+record twice (a client retrying after a timeout, a spool replayed after a crash) is harmless.
 
-When the database is unreachable, batches go to the *spool*: an append-only JSON-lines file, one
-record per line, fsync'd before the batch counts as spooled. Every ``retry_interval`` seconds the
-thread replays the spool in order; once all of it is stored the file is truncated and live batches
-go to the database again. A spool left by a previous run is replayed at start. Records the
+When the database is unreachable (an error :func:`inferwatch.collector.db.is_unreachable` counts,
+including the deadline of one write, ``write_timeout``), batches go to the *spool*: an append-only
+JSON-lines file, one record per line, fsync'd before the batch counts as spooled. Every
+``retry_interval`` seconds the thread replays the spool in order; once all of it is stored the file
+is truncated and live batches go to the database again. A spool left by a previous run (or a crash)
+is replayed at start. While idle the thread probes the database every ``probe_interval`` seconds, so
+:attr:`Writer.db_ok` goes false within seconds of an outage even without traffic. Records the
 database refuses for what they contain (a constraint, a value it cannot store) are isolated by
 bisecting the batch and appended to ``<spool>.rejected`` instead of being retried forever.
+
+:meth:`Writer.stop` writes out everything accepted: the queue, and the batch in flight when the
+thread is stuck in a database call, go to the spool.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import os
 import threading
 import time
-from collections import deque
-from collections.abc import Callable, Sequence
+from collections import Counter, deque
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Final
 
-from sqlalchemy import Engine
-from sqlalchemy.exc import DBAPIError, DisconnectionError, InterfaceError, OperationalError
-from sqlalchemy.exc import TimeoutError as PoolTimeoutError
+from sqlalchemy import Engine, text
 
-from inferwatch.collector.db import delete_older_than, insert_records
+from inferwatch.collector.db import deadline, delete_older_than, describe, insert_records
+from inferwatch.collector.db import is_unreachable as is_unreachable
 from inferwatch.collector.record import RequestRecord
 
 log = logging.getLogger("inferwatch.collector")
@@ -68,9 +79,14 @@ def record_from_dict(data: dict[str, Any]) -> RequestRecord:
     return RequestRecord(**values)
 
 
+@functools.cache
+def _encoder() -> json.JSONEncoder:
+    return json.JSONEncoder(separators=(",", ":"), default=str, check_circular=False)
+
+
 def record_to_json(record: RequestRecord) -> str:
     """One line of JSON (ASCII, no newline inside); floats round-trip exactly."""
-    return json.dumps(record_to_dict(record), separators=(",", ":"), default=str)
+    return _encoder().encode(record_to_dict(record))
 
 
 def record_from_json(line: str | bytes) -> RequestRecord:
@@ -91,8 +107,9 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def append_lines(path: Path, lines: Sequence[str]) -> None:
-    """Append JSON lines to ``path`` durably (fsync; the directory too when the file is new).
+def append_lines(path: Path, lines: Sequence[str]) -> int:
+    """Append JSON lines to ``path`` durably (fsync; the directory too when the file is new); the file's
+    size after them.
 
     A torn last line left by a crash is terminated first, so it stays one (unparsable) line.
     """
@@ -108,10 +125,12 @@ def append_lines(path: Path, lines: Sequence[str]) -> None:
             written = os.write(fd, view)
             view = view[written:]
         os.fsync(fd)
+        end = os.lseek(fd, 0, os.SEEK_END)
     finally:
         os.close(fd)
     if created:
         _fsync_dir(path.parent)
+    return end
 
 
 class Spool:
@@ -129,10 +148,14 @@ class Spool:
         """unparsable lines skipped (a torn write after a crash)."""
         self._lock = threading.Lock()
 
-    def append(self, records: Sequence[RequestRecord]) -> None:
-        lines = [record_to_json(r) for r in records]
+    def append(self, records: Sequence[RequestRecord]) -> int:
+        """Append records durably; the file's size after them."""
+        return self.append_lines([record_to_json(r) for r in records])
+
+    def append_lines(self, lines: Sequence[str]) -> int:
+        """Append lines of :func:`record_to_json` durably; the file's size after them."""
         with self._lock:
-            append_lines(self.path, lines)
+            return append_lines(self.path, lines)
 
     def size(self) -> int:
         try:
@@ -162,8 +185,12 @@ class Spool:
     def commit(self, offset: int) -> None:
         self.offset = offset
 
-    def finish(self) -> bool:
-        """Truncate the file when it has been read to the end; False when more was appended."""
+    def finish(self, *, sync: bool = True) -> bool:
+        """Truncate the file when it has been read to the end; False when more was appended.
+
+        ``sync=False`` skips the fsync: should the truncation be lost in a crash, the records reappear
+        and are replayed as duplicates, which is harmless.
+        """
         with self._lock:
             size = self.size()
             if size > self.offset:
@@ -172,7 +199,8 @@ class Spool:
                 with self.path.open("r+b") as f:
                     f.truncate(0)
                     f.flush()
-                    os.fsync(f.fileno())
+                    if sync:
+                        os.fsync(f.fileno())
             self.offset = 0
             return True
 
@@ -193,13 +221,19 @@ class WriterStats:
     replayed: int = 0
     """records read back from the spool and written to the database."""
     refused: int = 0
-    """records refused by submit (queue full or writer stopped)."""
+    """records refused by offer (queue full, spool full, or writer stopped)."""
     rejected: int = 0
     """records the database refused for their content (kept in the ``.rejected`` file)."""
+    rejected_reasons: dict[str, int] = dataclasses.field(default_factory=dict)
+    """``rejected`` by reason: ``database refused: <error>``, or ``database refused after acknowledgement: <error>``
+    for records the clients were already told are accepted (written ahead to the spool, then refused)."""
+    not_durable: int = 0
+    """accepted records that could be neither stored nor spooled (spool full or unwritable): their tickets
+    fail, the client is told to retry."""
     lost: int = 0
-    """records that reached neither the database nor the spool (the spool could not be written)."""
+    """records that reached neither the database nor the spool at shutdown (the spool could not be written)."""
     batches: int = 0
-    """successful insert calls."""
+    """successful insert calls (each one transaction: the group commit)."""
     last_batch_seconds: float = 0.0
     write_errors: int = 0
     """failed insert calls (unreachable database or refused content)."""
@@ -207,12 +241,66 @@ class WriterStats:
     """rows deleted by the retention pass."""
 
 
-def is_unreachable(exc: BaseException) -> bool:
-    """Whether a database error means "cannot reach the database now" (spool and retry) rather
-    than "the database refuses this data"."""
-    if isinstance(exc, OperationalError | InterfaceError | DisconnectionError | PoolTimeoutError):
-        return True
-    return isinstance(exc, DBAPIError) and exc.connection_invalidated
+class Ticket:
+    """What became of one offered batch.
+
+    ``refused``: why it was not queued at all (``queue_full``, ``spool_full``, ``stopping``), else None.
+    Otherwise :meth:`wait` until each record is ``durable`` (committed, already stored, or spooled),
+    ``rejected`` by the database (counted by reason) or ``failed`` (neither stored nor spooled; ``error``
+    says why: the client must send it again).
+    """
+
+    def __init__(self, size: int, refused: str | None = None) -> None:
+        self.size = size
+        self.refused = refused
+        self.durable = 0
+        self.failed = 0
+        self.rejected: Counter[str] = Counter()
+        self.error: str | None = None
+        self._pending = 0 if refused else size
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        if self._pending == 0:
+            self._done.set()
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """True once every record is settled; False when ``timeout`` passed first (they stay queued)."""
+        return self._done.wait(timeout)
+
+    def settle(
+        self, *, durable: int = 0, rejected: Mapping[str, int] | None = None, failed: int = 0, error: str | None = None
+    ) -> None:
+        with self._lock:
+            self.durable += durable
+            self.failed += failed
+            if rejected:
+                self.rejected.update(rejected)
+            if error and self.error is None:
+                self.error = error
+            self._pending -= durable + failed + (sum(rejected.values()) if rejected else 0)
+            if self._pending <= 0:
+                self._done.set()
+
+
+@dataclasses.dataclass(eq=False)
+class _Chunk:
+    """One offered batch in the queue."""
+
+    records: list[RequestRecord]
+    lines: list[str]
+    """the records as spool lines (encoded by the caller's thread, off the writer's)."""
+    ticket: Ticket
+    settled: bool = False
+
+
+def ping(engine: Engine) -> None:
+    """One round trip to the database (raises when it cannot be reached)."""
+    with engine.connect() as conn:
+        conn.execute(text("SELECT 1"))
 
 
 def _utcnow() -> datetime:
@@ -221,14 +309,16 @@ def _utcnow() -> datetime:
 
 COALESCE_BATCHES = 8
 """At most this many ``batch_size`` batches are written in one transaction when records are waiting."""
+SPOOL_MAX_BYTES: Final = 1 << 30
 
 
 class Writer:
-    """Queue + background thread writing :class:`RequestRecord` batches to the store.
+    """Queue + background thread writing :class:`RequestRecord` batches to the store (see the module doc).
 
-    ``insert``, ``delete_older`` and ``now`` are seams for tests (defaults: :mod:`inferwatch.collector.db`'s
-    functions and the UTC wall clock); ``clock`` is the monotonic clock of the batching, retry and
-    retention timers.
+    ``insert``, ``delete_older``, ``probe`` and ``now`` are seams for tests (defaults:
+    :mod:`inferwatch.collector.db`'s functions, :func:`ping` and the UTC wall clock); ``clock`` is the
+    monotonic clock of the batching, retry, probe and retention timers. ``flush_interval`` is how long a
+    record may wait for more to join its transaction (0: group commit only, no lingering).
     """
 
     def __init__(
@@ -237,18 +327,25 @@ class Writer:
         spool_path: Path,
         queue_limit: int = 100_000,
         batch_size: int = 512,
-        flush_interval: float = 0.2,
+        flush_interval: float = 0.0,
         clock: Callable[[], float] = time.monotonic,
         retention: timedelta | None = None,
         retention_interval: float = 60.0,
         *,
         retry_interval: float = 2.0,
+        max_retry_interval: float = 30.0,
+        write_timeout: float = 5.0,
+        probe_interval: float = 5.0,
+        spool_max_bytes: int = SPOOL_MAX_BYTES,
         insert: InsertFn = insert_records,
         delete_older: DeleteFn = delete_older_than,
+        probe: Callable[[Engine], None] = ping,
         now: Callable[[], datetime] = _utcnow,
     ) -> None:
         if queue_limit < 1 or batch_size < 1:
             raise ValueError("queue_limit and batch_size must be positive")
+        if write_timeout <= 0:
+            raise ValueError("write_timeout must be positive")
         self.engine = engine
         self.spool = Spool(spool_path)
         self.rejected_path = spool_path.with_name(spool_path.name + ".rejected")
@@ -258,55 +355,79 @@ class Writer:
         self.retention = retention
         self.retention_interval = retention_interval
         self.retry_interval = retry_interval
+        self.max_retry_interval = max(max_retry_interval, retry_interval)
+        self.write_timeout = write_timeout
+        self.probe_interval = probe_interval
+        self.spool_max_bytes = spool_max_bytes
         self.stats = WriterStats()
         self.db_ok = True
-        """False from a failed write until the spool has been replayed completely."""
+        """False from a failed write or probe until the spool has been replayed completely."""
+        self.last_error: str | None = None
+        """What the last failed write or probe said (None once the database is back)."""
         self._clock = clock
         self._insert = insert
         self._delete_older = delete_older
+        self._probe = probe
         self._now = now
-        self._queue: deque[RequestRecord] = deque()
+        self._queue: deque[_Chunk] = deque()
+        self._queued = 0
         self._cond = threading.Condition()
         self._stats_lock = threading.Lock()
         self._oldest: float | None = None  # clock() when the oldest queued record arrived
-        self._inflight = 0
+        self._inflight: list[_Chunk] = []
         self._flush_requested = False
         self._stopping = False
         self._retried_at_stop = False
         self._thread: threading.Thread | None = None
+        self._backoff = retry_interval
         self._next_retry = 0.0
         self._next_retention = 0.0
+        self._next_probe = 0.0
 
     # --- the receivers' side ---
 
-    def submit(self, records: Sequence[RequestRecord]) -> bool:
-        """Queue a batch; False (nothing queued) when it would exceed ``queue_limit``, or the writer is
-        stopping (or its thread died)."""
-        if not records:
-            return True
+    def offer(self, records: Sequence[RequestRecord]) -> Ticket:
+        """Queue a batch; its :class:`Ticket` says when it is durable. Refused (``ticket.refused``, nothing
+        queued) when it would exceed ``queue_limit``, while the database is down and the spool is over
+        ``spool_max_bytes``, or when the writer is stopping (or its thread died)."""
+        n = len(records)
+        if not n:
+            return Ticket(0)
+        lines = [record_to_json(r) for r in records]
         with self._cond:
             dead = self._thread is not None and not self._thread.is_alive()
-            if self._stopping or dead or len(self._queue) + len(records) > self.queue_limit:
+            reason = None
+            if self._stopping or dead:
+                reason = "stopping"
+            elif self._queued + n > self.queue_limit:
+                reason = "queue_full"
+            elif not self.db_ok and self.spool_max_bytes and self.spool.size() >= self.spool_max_bytes:
+                reason = "spool_full"
+            if reason is not None:
                 with self._stats_lock:
-                    self.stats.refused += len(records)
-                return False
-            was_empty = not self._queue
-            if was_empty:
+                    self.stats.refused += n
+                return Ticket(n, refused=reason)
+            ticket = Ticket(n)
+            if not self._queue:
                 self._oldest = self._clock()
-            self._queue.extend(records)
-            if was_empty or len(self._queue) >= self.batch_size:
-                self._cond.notify_all()
-        return True
+            self._queue.append(_Chunk(list(records), lines, ticket))
+            self._queued += n
+            self._cond.notify_all()
+        return ticket
+
+    def submit(self, records: Sequence[RequestRecord]) -> bool:
+        """:meth:`offer` without waiting: True when queued."""
+        return self.offer(records).refused is None
 
     @property
     def queue_depth(self) -> int:
         """Records accepted and not yet taken by the writer thread."""
-        return len(self._queue)
+        return self._queued
 
     def snapshot(self) -> WriterStats:
         """A consistent copy of the counters."""
         with self._stats_lock:
-            return dataclasses.replace(self.stats)
+            return dataclasses.replace(self.stats, rejected_reasons=dict(self.stats.rejected_reasons))
 
     # --- lifecycle ---
 
@@ -314,15 +435,18 @@ class Writer:
         """Start the writer thread (it first replays a spool left by a previous run)."""
         if self._thread is not None:
             raise RuntimeError("writer already started")
-        self._next_retention = self._clock()
+        now = self._clock()
+        self._next_retention = now
+        self._next_probe = now + self.probe_interval
         self._thread = threading.Thread(target=self._run, name="inferwatch-writer", daemon=True)
         self._thread.start()
 
     def stop(self, timeout: float = 10.0) -> bool:
-        """Stop accepting, write out everything queued (to the spool if the database is down), stop.
+        """Stop accepting, write out everything accepted (to the spool if the database is down), stop.
 
-        True on a clean shutdown. When the thread does not finish within ``timeout`` (a database
-        call hanging), what is still queued is spooled from here and False is returned.
+        True on a clean shutdown. When the thread does not finish within ``timeout`` (a database call
+        hanging), what is still queued and the batch in flight are spooled from here and False is
+        returned (should the stuck call still commit, the spooled copy replays as duplicates).
         """
         with self._cond:
             self._stopping = True
@@ -333,15 +457,19 @@ class Writer:
         self._thread.join(timeout)
         hung = self._thread.is_alive()
         with self._cond:
-            leftover = list(self._queue)
+            chunks = [c for c in self._inflight if not c.settled] + list(self._queue)
             self._queue.clear()
+            self._queued = 0
             self._oldest = None
-        if hung or leftover:  # a database call hanging, or the thread died
-            log.warning(
-                "writer thread did not finish (within %.1fs); spooling %d queued records", timeout, len(leftover)
-            )
-            if leftover:
-                self._spool_batch(leftover, final=True)
+        if hung or chunks:  # a database call hanging, or the thread died
+            n = sum(len(c.records) for c in chunks)
+            log.warning("writer thread did not finish (within %.1fs); spooling %d accepted records", timeout, n)
+            if chunks:
+                end = self._spool_lines([line for c in chunks for line in c.lines], n, final=True)
+                if end is not None:
+                    with self._stats_lock:
+                        self.stats.spooled += n
+                self._settle(chunks, {}, failed=end is None, error=None if end is not None else "lost at shutdown")
             return False
         return True
 
@@ -358,13 +486,14 @@ class Writer:
         try:
             self._recover()
             while True:
-                batch = self._take()
-                if batch:
+                chunks = self._take()
+                if chunks:
                     try:
-                        self._write(batch)
+                        self._write(chunks)
                     finally:
                         with self._cond:
-                            self._inflight = 0
+                            if all(c.settled for c in self._inflight):
+                                self._inflight = []
                             self._cond.notify_all()
                 now = self._clock()
                 stopping = self._stopping
@@ -372,9 +501,11 @@ class Writer:
                 if not self.db_ok and (now >= self._next_retry or (stopping and not self._retried_at_stop)):
                     self._retried_at_stop = stopping
                     self._recover()
+                elif self.db_ok and not stopping and not chunks and self.probe_interval and now >= self._next_probe:
+                    self._check()
                 if not stopping and self.retention is not None and self.db_ok and now >= self._next_retention:
                     self._retain(self.retention)
-                if stopping and not batch:
+                if stopping and not chunks:
                     with self._cond:
                         if not self._queue:
                             return
@@ -389,26 +520,35 @@ class Writer:
             deadlines.append(self._oldest + self.flush_interval)
         if not self.db_ok:
             deadlines.append(self._next_retry)
-        elif self.retention is not None:
-            deadlines.append(self._next_retention)
+        else:
+            if self.retention is not None:
+                deadlines.append(self._next_retention)
+            if self.probe_interval:
+                deadlines.append(self._next_probe)
         return min([MAX_WAIT_S, *(d - now for d in deadlines)])
 
-    def _take(self) -> list[RequestRecord]:
-        """The next batch, or [] when a timer is due or the writer is stopping with nothing queued."""
+    def _take(self) -> list[_Chunk]:
+        """The next transaction's batches (everything queued, up to ``batch_size * COALESCE_BATCHES`` records,
+        at least one batch), or [] when a timer is due or the writer is stopping with nothing queued."""
         with self._cond:
             while True:
                 now = self._clock()
-                n = len(self._queue)
-                due = self._oldest is not None and now - self._oldest >= self.flush_interval
-                if n and (n >= self.batch_size or due or self._stopping or self._flush_requested):
-                    # under a backlog, several batches go in one transaction (fewer commits)
-                    take = min(n, self.batch_size * COALESCE_BATCHES)
-                    batch = [self._queue.popleft() for _ in range(take)]
+                queued = self._queued
+                lingering = self._oldest is not None and now - self._oldest < self.flush_interval
+                if queued and (queued >= self.batch_size or not lingering or self._stopping or self._flush_requested):
+                    limit = self.batch_size * COALESCE_BATCHES
+                    chunks: list[_Chunk] = []
+                    taken = 0
+                    while self._queue and (not chunks or taken + len(self._queue[0].records) <= limit):
+                        chunk = self._queue.popleft()
+                        chunks.append(chunk)
+                        taken += len(chunk.records)
+                    self._queued -= taken
                     if not self._queue:
                         self._oldest = None
                         self._flush_requested = False
-                    self._inflight = take
-                    return batch
+                    self._inflight = chunks
+                    return chunks
                 if self._stopping:
                     return []
                 timeout = self._wait_timeout(now)
@@ -416,68 +556,126 @@ class Writer:
                     return []
                 self._cond.wait(timeout)
 
-    def _write(self, batch: list[RequestRecord]) -> None:
-        if self.db_ok:
-            try:
-                self._store(batch, replayed=False)
-                return
-            except Exception as exc:
-                if not is_unreachable(exc):
-                    raise
-                self._went_down(exc)
-        self._spool_batch(batch, final=self._stopping)
+    def _write(self, chunks: list[_Chunk]) -> None:
+        """Write-ahead: append the batches to the spool (one fsync for all: group commit) and settle their tickets
+        (the answers go out), then insert them and truncate the spool. The database unreachable: they stay in
+        the spool for the replay. The spool unwritable: insert first, settle after (commit before the answer)."""
+        records = [r for c in chunks for r in c.records]
+        end = self._spool_lines([line for c in chunks for line in c.lines], len(records), final=self._stopping)
+        if end is not None:
+            self._settle(chunks, {})
+        if not self.db_ok:
+            if end is None:
+                self._settle(chunks, {}, failed=True, error="database unreachable and the spool cannot take more")
+            else:
+                with self._stats_lock:
+                    self.stats.spooled += len(records)
+            return
+        rejections: dict[int, str] = {}
+        try:
+            self._store(records, replayed=False, acknowledged=end is not None, rejections=rejections)
+        except Exception as exc:  # unreachable (anything else is isolated by _store)
+            self._went_down(exc)
+            if end is None:
+                self._settle(chunks, rejections, failed=True, error=f"database unreachable ({self.last_error})")
+            else:
+                with self._stats_lock:
+                    self.stats.spooled += len(records)
+            return
+        if end is None:
+            self._settle(chunks, rejections)
+        else:
+            self.spool.commit(end)
+            self.spool.finish(sync=False)
 
-    def _store(self, records: list[RequestRecord], *, replayed: bool) -> None:
-        """Insert; bisect around records the database refuses; raise when it is unreachable."""
+    def _settle(
+        self, chunks: list[_Chunk], rejections: Mapping[int, str], *, failed: bool = False, error: str | None = None
+    ) -> None:
+        """Tell the tickets: each record rejected (by reason) or else durable (``failed``: not durable)."""
+        with self._cond:
+            todo = [c for c in chunks if not c.settled]
+            for chunk in todo:
+                chunk.settled = True
+        for chunk in todo:
+            counts = Counter(rejections[id(r)] for r in chunk.records if id(r) in rejections) if rejections else None
+            rest = len(chunk.records) - (sum(counts.values()) if counts else 0)
+            if failed:
+                chunk.ticket.settle(rejected=counts, failed=rest, error=error)
+            else:
+                chunk.ticket.settle(durable=rest, rejected=counts)
+
+    def _store(
+        self, records: list[RequestRecord], *, replayed: bool, rejections: dict[int, str], acknowledged: bool = True
+    ) -> None:
+        """Insert within ``write_timeout``; bisect around records the database refuses (noted in ``rejections``);
+        raise when it is unreachable. ``acknowledged``: the clients were already told the records are accepted
+        (the reason of a refusal says so)."""
         started = self._clock()
         try:
-            inserted, duplicates = self._insert(self.engine, records)
+            with deadline(self.write_timeout):
+                inserted, duplicates = self._insert(self.engine, records)
         except Exception as exc:
             with self._stats_lock:
                 self.stats.write_errors += 1
             if is_unreachable(exc):
                 raise
             if len(records) == 1:
-                self._reject(records, exc)
+                self._reject(records, exc, acknowledged=acknowledged or replayed, rejections=rejections)
                 return
             half = len(records) // 2
-            self._store(records[:half], replayed=replayed)
-            self._store(records[half:], replayed=replayed)
+            self._store(records[:half], replayed=replayed, rejections=rejections, acknowledged=acknowledged)
+            self._store(records[half:], replayed=replayed, rejections=rejections, acknowledged=acknowledged)
             return
-        elapsed = self._clock() - started
+        now = self._clock()
+        self._next_probe = now + self.probe_interval
         with self._stats_lock:
             self.stats.stored += inserted
             self.stats.duplicates += duplicates
             self.stats.batches += 1
-            self.stats.last_batch_seconds = elapsed
+            self.stats.last_batch_seconds = now - started
             if replayed:
                 self.stats.replayed += len(records)
 
     def _went_down(self, exc: BaseException) -> None:
-        if self.db_ok:
-            log.warning("database unreachable, spooling to %s: %s", self.spool.path, exc)
+        was_ok = self.db_ok
         self.db_ok = False
-        self._next_retry = self._clock() + self.retry_interval
+        self.last_error = describe(exc)
+        if was_ok:
+            log.warning("database unreachable, spooling to %s: %s", self.spool.path, self.last_error)
+            self._backoff = self.retry_interval
+        else:
+            self._backoff = min(self._backoff * 2, self.max_retry_interval)
+        self._next_retry = self._clock() + self._backoff
 
-    def _spool_batch(self, batch: list[RequestRecord], *, final: bool) -> None:
-        try:
-            self.spool.append(batch)
-        except (OSError, ValueError) as exc:
-            if final:
-                log.error("cannot spool %d records at shutdown, they are lost: %s", len(batch), exc)
-                with self._stats_lock:
-                    self.stats.lost += len(batch)
-                return
-            log.error("cannot write the spool %s (%s); keeping %d records queued", self.spool.path, exc, len(batch))
-            with self._cond:
-                self._queue.extendleft(reversed(batch))
-                self._oldest = self._clock()
-            time.sleep(min(self.retry_interval, MAX_WAIT_S))
-            return
+    def _spool_lines(self, lines: list[str], n: int, *, final: bool) -> int | None:
+        """Append ``n`` records' lines to the spool (fsync'd); the spool's size after them, or None when it cannot
+        take them (over ``spool_max_bytes`` while the database is down, or unwritable)."""
+        if not lines:
+            return self.spool.size()
+        problem = None
+        if not final and not self.db_ok and self.spool_max_bytes and self.spool.size() >= self.spool_max_bytes:
+            problem = f"spool over its {self.spool_max_bytes}-byte limit"
+        else:
+            try:
+                return self.spool.append_lines(lines)
+            except (OSError, ValueError) as exc:
+                problem = f"cannot write the spool: {exc}"
         with self._stats_lock:
-            self.stats.spooled += len(batch)
+            if final:
+                self.stats.lost += n
+            else:
+                self.stats.not_durable += n
+        if final:
+            log.error("%s at shutdown: %d records are lost", problem, n)
+        else:
+            log.error("%s: %d records not accepted yet", problem, n)
+        return None
 
-    def _reject(self, records: list[RequestRecord], exc: BaseException) -> None:
+    def _reject(
+        self, records: list[RequestRecord], exc: BaseException, *, acknowledged: bool, rejections: dict[int, str]
+    ) -> None:
+        orig = getattr(exc, "orig", None) or exc
+        reason = f"database refused{' after acknowledgement' if acknowledged else ''}: {orig.__class__.__name__}"
         log.error("database refused %d record(s), keeping them in %s: %s", len(records), self.rejected_path, exc)
         try:
             append_lines(self.rejected_path, [record_to_json(r) for r in records])
@@ -485,15 +683,32 @@ class Writer:
             log.error("cannot write %s: %s", self.rejected_path, err)
         with self._stats_lock:
             self.stats.rejected += len(records)
+            self.stats.rejected_reasons[reason] = self.stats.rejected_reasons.get(reason, 0) + len(records)
+        for record in records:
+            rejections[id(record)] = reason
+
+    def _check(self) -> None:
+        """The idle probe: one round trip within ``write_timeout``."""
+        self._next_probe = self._clock() + self.probe_interval
+        try:
+            with deadline(self.write_timeout):
+                self._probe(self.engine)
+        except Exception as exc:
+            if not is_unreachable(exc):
+                log.exception("database probe failed")
+                return
+            self._went_down(exc)
 
     def _recover(self) -> None:
-        """Replay the spool in order; the database counts as back once all of it is stored."""
+        """Probe, then replay the spool in order; the database counts as back once all of it is stored."""
         replayed = 0
         try:
+            with deadline(self.write_timeout):
+                self._probe(self.engine)
             while True:
                 records, end = self.spool.read(self.batch_size)
                 if records:
-                    self._store(records, replayed=True)
+                    self._store(records, replayed=True, rejections={})
                     replayed += len(records)
                 self.spool.commit(end)
                 if not records and self.spool.finish():
@@ -506,11 +721,14 @@ class Writer:
         if not self.db_ok or replayed:
             log.info("database reachable; replayed %d spooled records", replayed)
         self.db_ok = True
+        self.last_error = None
+        self._backoff = self.retry_interval
+        self._next_probe = self._clock() + self.probe_interval
 
     def _retain(self, retention: timedelta) -> None:
         self._next_retention = self._clock() + self.retention_interval
         cutoff = self._now() - retention
-        try:
+        try:  # in bounded chunks, each statement within the statement timeout
             deleted = self._delete_older(self.engine, cutoff)
         except Exception as exc:
             if not is_unreachable(exc):

@@ -27,9 +27,9 @@ OTLP_ERRORS = {400, 401, 408, 413, 415, 429, 503}
 ERRORS: dict[tuple[str, str], set[int]] = {
     ("post", "/v1/traces"): OTLP_ERRORS,
     ("get", "/readyz"): {503},
-    ("get", "/api/v1/requests"): {400, 401, 422},
-    ("get", "/api/v1/requests/{request_id}"): {401, 404, 422},
-    ("get", "/api/v1/stats"): {400, 401, 422},
+    ("get", "/api/v1/requests"): {400, 401, 422, 503},
+    ("get", "/api/v1/requests/{request_id}"): {401, 404, 422, 503},
+    ("get", "/api/v1/stats"): {400, 401, 422, 503},
     ("get", "/api/v1/diagnose"): {401, 422, 503},
     ("get", "/api/v1/checklist"): {401, 422, 503},
     ("get", "/api/v1/capacity"): {401, 422, 503},

@@ -216,7 +216,7 @@ def test_sqlite_engine_settings(tmp_path: Path) -> None:
     try:
         with eng.connect() as conn:
             assert conn.execute(text("PRAGMA journal_mode")).scalar() == "wal"
-            assert conn.execute(text("PRAGMA synchronous")).scalar() == 1  # NORMAL
+            assert conn.execute(text("PRAGMA synchronous")).scalar() == 2  # FULL: a commit is on disk when it returns
             assert conn.execute(text("PRAGMA foreign_keys")).scalar() == 1
             assert cast(int, conn.execute(text("PRAGMA busy_timeout")).scalar()) > 0
     finally:

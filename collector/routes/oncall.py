@@ -10,6 +10,7 @@ from typing import Annotated, Any, Final, NoReturn
 
 from fastapi import APIRouter, Depends, HTTPException, Query
 
+from inferwatch.collector import store
 from inferwatch.collector.deps import READ_RESPONSES, CollectorDep, EngineDep, require_read
 from inferwatch.collector.diagnosis.report import Capacity, Checklist, Diagnosis
 from inferwatch.collector.diagnosis.service import NotConfigured
@@ -21,7 +22,11 @@ from inferwatch.core.engines.launch import LaunchError
 
 WINDOW_PATTERN: Final = r"^[1-9][0-9]*(s|m|h|d|w)$"
 UPSTREAM_RESPONSES: Final[dict[int | str, dict[str, Any]]] = {
-    503: {"model": ErrorBody, "description": "Prometheus or an exporter cannot be read, or none is configured"},
+    503: {
+        "model": ErrorBody,
+        "description": "Prometheus or an exporter cannot be read, or none is configured (or, for the "
+        "example requests of /diagnose, the database cannot be reached)",
+    },
 }
 
 router = APIRouter(
@@ -67,6 +72,8 @@ async def diagnose(
         return await collector.oncall.diagnose(
             window, Filters(llm_engine, model, instance), requests=engine, examples=examples
         )
+    except store.DatabaseUnavailable as exc:  # the example requests come from the store
+        _upstream(exc)
     except ValueError as exc:
         _invalid("window", str(exc))
     except (UpstreamError, NotConfigured) as exc:

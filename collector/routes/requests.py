@@ -1,10 +1,15 @@
-"""``/api/v1/requests``: the stored requests (filter, sort, page) and one request's phase breakdown."""
+"""``/api/v1/requests``: the stored requests (filter, sort, page) and one request's phase breakdown.
+
+Errors: a malformed parameter is a 400 (or FastAPI's 422) naming it, never a 500; a database that
+cannot be reached or does not answer within its timeouts is a 503 naming the problem.
+"""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Annotated
+from typing import Annotated, Any, Final, TypeVar
 
 from fastapi import APIRouter, Depends, HTTPException, Query
 
@@ -12,21 +17,44 @@ from inferwatch.collector import store
 from inferwatch.collector.deps import READ_RESPONSES, EngineDep, require_read
 from inferwatch.collector.schemas import ErrorBody, RequestDetail, RequestDetails, RequestPage
 
-router = APIRouter(tags=["requests"], dependencies=[Depends(require_read)], responses=READ_RESPONSES)
+T = TypeVar("T")
+
+DB_RESPONSES: Final[dict[int | str, dict[str, Any]]] = {
+    503: {"model": ErrorBody, "description": "The database cannot be reached or did not answer in time"},
+}
+"""What a route reading the store may answer when the database is unavailable."""
+MAX_TIME_CHARS: Final = 64
+
+router = APIRouter(
+    tags=["requests"], dependencies=[Depends(require_read)], responses={**READ_RESPONSES, **DB_RESPONSES}
+)
+
+
+async def query(fn: Callable[..., T], **kwargs: Any) -> T:
+    """Run a blocking store query in a worker thread; 503 when the database is unavailable."""
+    try:
+        return await asyncio.to_thread(fn, **kwargs)
+    except store.DatabaseUnavailable as exc:
+        raise HTTPException(status_code=503, detail=str(exc)) from None
 
 
 def parse_time(value: str | None, name: str) -> datetime | None:
-    """An ISO 8601 query parameter (naive: UTC); 400 when it is not one."""
+    """An ISO 8601 query parameter (naive: UTC), as UTC; 400 when it is not one or is not a UTC time
+    between the years 1 and 9999."""
     if value is None:
         return None
     try:
+        if len(value) > MAX_TIME_CHARS or store.NUL in value:
+            raise ValueError(value)
         t = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        raise HTTPException(status_code=400, detail=f"{name} must be an ISO 8601 time") from None
-    return t if t.tzinfo else t.replace(tzinfo=UTC)
+        return t.astimezone(UTC) if t.tzinfo else t.replace(tzinfo=UTC)
+    except (ValueError, OverflowError):
+        raise HTTPException(
+            status_code=400, detail=f"{name} must be an ISO 8601 time (in UTC between the years 1 and 9999)"
+        ) from None
 
 
-@router.get("/requests", responses={400: {"model": ErrorBody, "description": "Invalid cursor or time"}})
+@router.get("/requests", responses={400: {"model": ErrorBody, "description": "Invalid cursor, time or filter"}})
 async def list_requests(
     engine: EngineDep,
     llm_engine: Annotated[str | None, Query(alias="engine")] = None,
@@ -35,38 +63,51 @@ async def list_requests(
     finish_reason: str | None = None,
     since: Annotated[str | None, Query(description="ISO 8601 start of the time range")] = None,
     until: Annotated[str | None, Query(description="ISO 8601 end of the time range")] = None,
-    min_ttft: Annotated[float | None, Query(ge=0, description="seconds")] = None,
-    min_e2e: Annotated[float | None, Query(ge=0, description="seconds")] = None,
+    min_ttft: Annotated[float | None, Query(ge=0, allow_inf_nan=False, description="seconds")] = None,
+    min_e2e: Annotated[float | None, Query(ge=0, allow_inf_nan=False, description="seconds")] = None,
     sort: store.SortField = "start_time",
     order: store.Order = "desc",
     limit: Annotated[int, Query(ge=1, le=1000)] = 50,
     cursor: str | None = None,
 ) -> RequestPage:
     """Stored requests, newest (or slowest, with ``sort``) first; ``count`` is the total matching."""
-    filters = store.RequestFilter(
-        engine=llm_engine,
-        model=model,
-        instance=instance,
-        finish_reason=finish_reason,
-        since=parse_time(since, "since"),
-        until=parse_time(until, "until"),
-        min_ttft=min_ttft,
-        min_e2e=min_e2e,
-    )
     try:
+        filters = store.RequestFilter(
+            engine=llm_engine,
+            model=model,
+            instance=instance,
+            finish_reason=finish_reason,
+            since=parse_time(since, "since"),
+            until=parse_time(until, "until"),
+            min_ttft=min_ttft,
+            min_e2e=min_e2e,
+        )
         offset = store.decode_cursor(cursor)
+    except store.InvalidFilter as exc:
+        raise HTTPException(status_code=400, detail=str(exc)) from None
     except store.InvalidCursor as exc:
         raise HTTPException(status_code=400, detail=str(exc)) from None
-    return await asyncio.to_thread(
+    return await query(
         store.list_requests, engine=engine, filters=filters, sort=sort, order=order, limit=limit, offset=offset
     )
 
 
 @router.get("/requests/{request_id}", responses={404: {"model": ErrorBody, "description": "No such request"}})
-async def get_request(engine: EngineDep, request_id: str) -> RequestDetail | RequestDetails:
-    """One request (by row id, request id or span id) with its phase breakdown; several rows (the
-    samples of an ``n>1`` request) as a list."""
-    rows = await asyncio.to_thread(store.find_requests, engine=engine, request_id=request_id)
+async def get_request(
+    engine: EngineDep,
+    request_id: str,
+    instance: Annotated[
+        str | None, Query(description="Only this instance's rows (request ids repeat across replicas)")
+    ] = None,
+) -> RequestDetail | RequestDetails:
+    """One request (by row id, request id or span id) with its phase breakdown; several rows as a list:
+    the samples of an ``n>1`` request, or the same request id on several replicas (``instances`` lists
+    them; ``?instance=`` picks one)."""
+    rows = await query(store.find_requests, engine=engine, request_id=request_id, instance=instance)
     if not rows:
-        raise HTTPException(status_code=404, detail=f"no request {request_id!r}")
-    return rows[0] if len(rows) == 1 else RequestDetails(data=rows, count=len(rows))
+        where = f" on instance {instance!r}" if instance is not None else ""
+        raise HTTPException(status_code=404, detail=f"no request {request_id!r}{where}")
+    if len(rows) == 1:
+        return rows[0]
+    instances = list(dict.fromkeys(row.instance for row in rows))
+    return RequestDetails(data=rows, count=len(rows), instances=instances)

@@ -578,3 +578,92 @@ def test_every_source_module_is_dispatched() -> None:
     modules = {p.stem for p in (ROOT / "collector" / "sources").glob("*.py")} - {"__init__", "common"}
     dispatched = {s.__name__.rsplit(".", 1)[-1] for s in sources.SOURCES if isinstance(s, ModuleType)}
     assert dispatched == modules and len(sources.SOURCES) == len(modules)
+
+
+# -- validation of mapped records ----------------------------------------------------------------------
+def test_impossible_times_and_values_are_rejected() -> None:
+    now = timestamp(T0)
+    day = 86_400 * 10**9
+    y1999 = int((datetime(1999, 12, 31, tzinfo=UTC) - EPOCH).total_seconds()) * 10**9
+    spans = [
+        make_span("llm_request", vllm_attrs(), span=sid(1), start=1, end=2),
+        make_span("llm_request", vllm_attrs(), span=sid(2), start=y1999, end=y1999 + 1),
+        make_span("llm_request", vllm_attrs(), span=sid(3), start=T0 + 2 * day, end=T0 + 2 * day + 1),
+        make_span("llm_request", {**vllm_attrs(), "gen_ai.latency.time_to_first_token": -0.1}, span=sid(4)),
+        make_span("llm_request", {**vllm_attrs(), "gen_ai.latency.time_in_model_decode": -1}, span=sid(5)),
+        make_span("llm_request", {**vllm_attrs(), "gen_ai.usage.prompt_tokens": str(2**63)}, span=sid(6)),
+        make_span("llm_request", {**vllm_attrs(), "gen_ai.request.max_tokens": -1}, span=sid(7)),
+        make_span("llm_request", {**vllm_attrs(), "gen_ai.request.n": 2**31}, span=sid(8)),
+        make_span("llm_request", {**vllm_attrs(), "gen_ai.latency.e2e": float("inf")}, span=sid(9)),
+        make_span("llm_request", {**vllm_attrs(), "gen_ai.usage.prompt_tokens": 2**63 - 1}, span=sid(10)),
+        make_span("llm_request", vllm_attrs(), span=sid(11)),
+    ]
+    batch = map_export(export(("vllm.tracing.otel", {}, spans)), now=now)
+    assert batch.rejected == [
+        "vllm: span starts before 2000",
+        "vllm: span starts before 2000",
+        "vllm: span time more than a day in the future",
+        "vllm: time_to_first_token is negative",
+        "vllm: request_decode is negative",
+        "vllm: prompt_tokens out of range",
+        "vllm: max_tokens out of range",
+        "vllm: n out of range",
+        "vllm: gen_ai.latency.e2e is not finite",
+    ]
+    assert [r.span_id for r in batch.records] == [sid(10).hex(), sid(11).hex()]
+    # a sender's clock half a day ahead is accepted
+    skewed = make_span("llm_request", vllm_attrs(), span=sid(12), start=T0 + day // 2, end=T0 + day // 2 + 1)
+    assert map_export(export(("vllm.tracing.otel", {}, [skewed])), now=now).rejected == []
+
+
+def test_text_postgres_cannot_hold_is_made_storable() -> None:
+    attrs = {**vllm_attrs(), "gen_ai.request.id": "a\x00b", "k\x00": ["x\x00", float("nan"), {"d": float("-inf")}]}
+    (rec,) = map_export(
+        export(("vllm.tracing.otel", {"service.name": "s\x00"}, [make_span("llm_request", attrs)]))
+    ).records
+    assert rec.request_id == "a\ufffdb" and rec.service == "s\ufffd"
+    assert rec.attributes == {"k\ufffd": ["x\ufffd", "NaN", {"d": "-Infinity"}]}
+    clean = {**vllm_attrs(), "ok": [1.5, "y"]}
+    (plain,) = map_export(export(("vllm.tracing.otel", {}, [make_span("llm_request", clean)]))).records
+    assert plain.attributes == {"ok": [1.5, "y"]}
+
+
+# -- identity: the model and service of spans that do not name them ---------------------------------------
+def test_identity_names_the_model_and_service() -> None:
+    identity = sources.Identity(
+        service_models={"vllm-a": "model-a", "team-x": "model-x"}, model_from="deploy", service_from="deploy"
+    )
+    groups = [
+        ("vllm.tracing.otel", {"service.name": "vllm-a"}, [make_span("llm_request", vllm_attrs(), span=sid(1))]),
+        (
+            "vllm.tracing.otel",
+            {"service.name": "unknown_service:python3", "deploy": "team-x"},
+            [make_span("llm_request", vllm_attrs(), span=sid(2))],
+        ),
+        (
+            "vllm.tracing.otel",
+            {"service.name": "vllm-b", "gen_ai.request.model": "own"},
+            [make_span("llm_request", vllm_attrs(), span=sid(3))],
+        ),
+        (
+            "vllm.tracing.otel",
+            {"service.name": "vllm-c"},
+            [make_span("llm_request", {**vllm_attrs(), "gen_ai.response.model": "span-model"}, span=sid(4))],
+        ),
+        ("vllm.tracing.otel", {}, [make_span("llm_request", vllm_attrs(), span=sid(5))]),
+        ("vllm.tracing.otel", {"deploy": "d-7"}, [make_span("llm_request", vllm_attrs(), span=sid(6))]),
+    ]
+    request = export(*groups)
+    sources.apply_identity(request, identity)
+    got = {r.span_id: (r.service, r.model) for r in map_export(request).records}
+    assert got == {
+        sid(1).hex(): ("vllm-a", "model-a"),  # service.name -> model
+        sid(2).hex(): ("team-x", "model-x"),  # the placeholder replaced, then mapped
+        sid(3).hex(): ("vllm-b", "own"),  # the resource's own model attribute wins
+        sid(4).hex(): ("vllm-c", "span-model"),  # the span's wins over everything
+        sid(5).hex(): (None, None),  # nothing to go by
+        sid(6).hex(): ("d-7", "d-7"),  # no service.name: both from the attribute
+    }
+    untouched = export(*groups)
+    sources.apply_identity(untouched, sources.Identity())
+    assert untouched == export(*groups)  # nothing configured: the export is not touched

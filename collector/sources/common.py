@@ -334,6 +334,8 @@ def model_of(view: SpanView) -> str | None:
 
 
 # -- validation of a mapped record ---------------------------------------------------------------------
+LATENCIES: Final = (*(f for f in R.LATENCY_FIELDS if f != R.TPOT), R.TPOT)
+"""The latency columns, the derived TPOT last (a reason names what the engine sent where it can)."""
 TOKEN_FIELDS: Final = (R.PROMPT_TOKENS, R.GENERATION_TOKENS, R.CACHED_TOKENS, "max_tokens")
 TEXT_FIELDS: Final = ("request_id", "model", "instance", "service", "finish_reason", "error", "lora_adapter")
 NUL: Final = "\x00"
@@ -353,7 +355,7 @@ def validate(record: RequestRecord, now: datetime) -> None:
         raise Rejected("span starts before 2000")
     if record.start_time > now + MAX_FUTURE or record.end_time > now + MAX_FUTURE:
         raise Rejected("span time more than a day in the future")
-    for name in R.LATENCY_FIELDS:
+    for name in LATENCIES:
         value = getattr(record, name)
         if value is None:
             continue

@@ -55,6 +55,12 @@ def collector_serve(
     public_url: Annotated[
         str | None, typer.Option(help="This collector's URL as users reach it, for incident page links.")
     ] = None,
+    max_connections: Annotated[
+        int | None, typer.Option(help="Open HTTP connections before new requests get 503 (default 100).")
+    ] = None,
+    keep_alive_timeout: Annotated[
+        float | None, typer.Option(help="Seconds an idle HTTP keep-alive connection stays open (default 15).")
+    ] = None,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
 ) -> None:
     """Receive OTLP traces (vLLM, TGI, trtllm-serve, any GenAI spans), store one row per LLM request.
@@ -88,6 +94,8 @@ def collector_serve(
         notify_config=notify_config,
         grafana_url=grafana_url,
         public_url=public_url,
+        max_connections=max_connections,
+        keep_alive_timeout_seconds=keep_alive_timeout,
     )
     try:
         settings.check_exposure()
@@ -115,9 +123,14 @@ def collector_serve(
         f"inferwatch collector: OTLP/HTTP + API on http://{host}:{port}, OTLP/gRPC on "
         f"{settings.grpc_listen or 'off'}, database {settings.url().split('@')[-1]}"
     )
-    asyncio.run(main())
-    if not server.started:  # the lifespan failed (e.g. the gRPC port is taken): uvicorn logged why
-        raise fail("the collector did not start (see the error above)")
+    try:
+        asyncio.run(main())
+    except SystemExit as exc:  # uvicorn's exit when the lifespan fails (e.g. the gRPC port is taken)
+        if exc.code not in (0, None):
+            raise fail("the collector did not start (the error is above)", code=3) from None
+        raise
+    if not server.started:
+        raise fail("the collector did not start (the error is above)", code=3)
 
 
 def uvicorn_config(application: Any, settings: Any, log_level: str = "info") -> Any:

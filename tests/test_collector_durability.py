@@ -1,0 +1,664 @@
+"""The collector's durability and fault behaviour: what is acknowledged is durable, and every span is
+accounted for.
+
+* unit level: an export is answered only once its records are in the spool (fsync'd) or the database;
+  concurrent exports share one fsync (group commit); a stuck writer's in-flight batch survives the
+  shutdown; records the database would refuse are rejected before the answer (``partial_success`` and
+  the metric), those it refuses anyway are counted; the spool limit turns into 503; database timeouts;
+* fault injection: ``kill -9`` of a collector process under load, three times, and a count of the
+  spans acknowledged against the spans stored (zero loss); a PostgreSQL network partition through a
+  TCP proxy that goes silent (spooling, ``database_up`` 0, ``/readyz`` and ``/api/v1`` answering 503
+  within their timeouts, replay after the partition, a shutdown during the partition).
+
+Process tests bind 127.0.0.1 on free ports and stop what they start.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, InstrumentationScope, KeyValue
+from opentelemetry.proto.resource.v1.resource_pb2 import Resource
+from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
+from sqlalchemy import Engine, func, make_url, select, text
+from sqlalchemy.exc import IntegrityError, OperationalError
+
+from inferwatch.collector import db
+from inferwatch.collector.app import create_app
+from inferwatch.collector.config import CollectorSettings
+from inferwatch.collector.ingest import CollectorMetrics, Ingestor
+from inferwatch.collector.models import REQUEST_TABLE
+from inferwatch.collector.record import RequestRecord
+from inferwatch.collector.sources import MappedBatch
+from inferwatch.collector.writer import Writer, record_from_json
+from inferwatch.core import vocabulary as V
+from tests.conftest import ROOT, free_port, postgres_schema, served_in_thread
+from tests.helpers import value
+from tests.support.tcp_proxy import TcpProxy
+
+PB = "application/x-protobuf"
+SPANS = ROOT / "tests" / "fixtures" / "otlp" / "vllm-0.32.0-cpu" / "spans.json"
+T0 = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
+
+
+# --- helpers -------------------------------------------------------------------------------------------------------
+
+
+def _kv(key: str, v: Any) -> KeyValue:
+    if isinstance(v, bool):
+        return KeyValue(key=key, value=AnyValue(bool_value=v))
+    if isinstance(v, int):
+        return KeyValue(key=key, value=AnyValue(int_value=v))
+    if isinstance(v, float):
+        return KeyValue(key=key, value=AnyValue(double_value=v))
+    return KeyValue(key=key, value=AnyValue(string_value=str(v)))
+
+
+class SpanFactory:
+    """vLLM ``llm_request`` spans (the real capture's attributes), each with a fresh span id."""
+
+    def __init__(self, seed: int = 0) -> None:
+        self.templates = [s for s in json.loads(SPANS.read_text()) if s["name"] == "llm_request"]
+        self.rng = random.Random(seed)
+        self.lock = threading.Lock()
+        self.next = 1
+
+    def body(self, n: int, **overrides: Any) -> tuple[bytes, list[str]]:
+        with self.lock:
+            first, self.next = self.next, self.next + n
+            trace = self.rng.randbytes(16)
+        now = time.time_ns()
+        spans, ids = [], []
+        for i in range(first, first + n):
+            attrs = dict(self.templates[i % len(self.templates)]["attributes"])
+            attrs["gen_ai.request.id"] = f"cmpl-{i}"
+            attrs.update(overrides)
+            sid = i.to_bytes(8, "big")
+            ids.append(sid.hex())
+            spans.append(
+                Span(
+                    trace_id=trace,
+                    span_id=sid,
+                    name="llm_request",
+                    kind=Span.SPAN_KIND_SERVER,
+                    start_time_unix_nano=now - int(float(attrs["gen_ai.latency.e2e"]) * 1e9),
+                    end_time_unix_nano=now,
+                    attributes=[_kv(k, v) for k, v in attrs.items()],
+                )
+            )
+        req = ExportTraceServiceRequest(
+            resource_spans=[
+                ResourceSpans(
+                    resource=Resource(attributes=[_kv("service.name", "durability"), _kv("service.instance.id", "d")]),
+                    scope_spans=[ScopeSpans(scope=InstrumentationScope(name="vllm.tracing.otel"), spans=spans)],
+                )
+            ]
+        )
+        return req.SerializeToString(), ids
+
+
+def record(i: int, **values: Any) -> RequestRecord:
+    fields: dict[str, Any] = {
+        "trace_id": f"{1:032x}",
+        "span_id": f"{i + 1:016x}",
+        "engine": "vllm",
+        "start_time": T0 + timedelta(milliseconds=i),
+        "end_time": T0 + timedelta(milliseconds=i, seconds=1),
+        "request_id": f"req-{i}",
+    }
+    fields.update(values)
+    return RequestRecord(**fields)
+
+
+def stored_span_ids(engine: Engine) -> set[str]:
+    with engine.connect() as conn:
+        return {r[0] for r in conn.execute(select(REQUEST_TABLE.c.span_id))}
+
+
+def row_count(engine: Engine) -> int:
+    with engine.connect() as conn:
+        return int(conn.execute(select(func.count()).select_from(REQUEST_TABLE)).scalar_one())
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float, what: str) -> float:
+    """Seconds until ``predicate`` held (polling); AssertionError after ``timeout``."""
+    start = time.monotonic()
+    while not predicate():
+        if time.monotonic() - start > timeout:
+            raise AssertionError(f"not within {timeout} s: {what}")
+        time.sleep(0.05)
+    return time.monotonic() - start
+
+
+def spool_lines(path: Path) -> list[str]:
+    return [line for line in path.read_text().splitlines() if line] if path.exists() else []
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    if request.param == "sqlite":
+        yield db.default_url(tmp_path / "store")
+        return
+    with postgres_schema("iw_dur") as url:
+        yield url
+
+
+@pytest.fixture
+def store(db_url: str) -> Iterator[Engine]:
+    engine = db.make_engine(db_url)
+    db.ensure_schema(engine)
+    yield engine
+    engine.dispose()
+
+
+def export_of(n: int) -> ExportTraceServiceRequest:
+    """A request whose only use is its span count (the mapper seam makes the records)."""
+    return ExportTraceServiceRequest(
+        resource_spans=[ResourceSpans(scope_spans=[ScopeSpans(spans=[Span() for _ in range(n)])])]
+    )
+
+
+# --- acknowledged means durable ------------------------------------------------------------------------------------
+
+
+def test_an_export_is_answered_only_once_its_records_are_durable(store: Engine, tmp_path: Path) -> None:
+    """The answer comes after the records are fsync'd to the spool, even while the database insert is still
+    running; killed then, a restart replays them."""
+    release = threading.Event()
+
+    def slow_insert(engine: Engine, records: Sequence[RequestRecord]) -> tuple[int, int]:
+        release.wait(10)
+        return db.insert_records(engine, records)
+
+    spool = tmp_path / "spool.jsonl"
+    writer = Writer(store, spool, insert=slow_insert)
+    five = MappedBatch(records=[record(i) for i in range(5)])
+    ingestor = Ingestor(writer, CollectorMetrics(), mapper=lambda _req: five)
+    writer.start()
+    try:
+        result = ingestor.ingest(export_of(5))
+        assert (result.accepted, result.rejected, result.backpressure) == (5, 0, False)
+        # answered: the records are on disk already, though not yet in the database
+        assert [record_from_json(line).span_id for line in spool_lines(spool)] == [record(i).span_id for i in range(5)]
+        assert row_count(store) == 0
+    finally:
+        release.set()
+        assert writer.stop()
+    assert row_count(store) == 5
+    assert spool.stat().st_size == 0  # written, then the spool truncated
+
+
+def test_concurrent_exports_share_one_fsync(store: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from inferwatch.collector import writer as writer_module
+
+    fsyncs: list[int] = []
+    real_append = writer_module.append_lines
+
+    def counting_append(path: Path, lines: Sequence[str]) -> int:
+        fsyncs.append(len(lines))
+        return real_append(path, lines)
+
+    monkeypatch.setattr(writer_module, "append_lines", counting_append)
+
+    def slow_insert(engine: Engine, records: Sequence[RequestRecord]) -> tuple[int, int]:
+        time.sleep(0.05)  # while one transaction runs, the next exports queue up
+        return db.insert_records(engine, records)
+
+    writer = Writer(store, tmp_path / "spool.jsonl", insert=slow_insert)
+    counter = iter(range(10_000))
+    lock = threading.Lock()
+
+    def mapper(_req: ExportTraceServiceRequest) -> MappedBatch:
+        with lock:
+            return MappedBatch(records=[record(next(counter)) for _ in range(10)])
+
+    ingestor = Ingestor(writer, CollectorMetrics(), mapper=mapper)
+    writer.start()
+    try:
+        with ThreadPoolExecutor(max_workers=16) as pool:
+            results = list(pool.map(lambda _: ingestor.ingest(export_of(10)), range(48)))
+    finally:
+        assert writer.stop()
+    assert all(r.accepted == 10 and not r.backpressure for r in results)
+    assert sum(fsyncs) == 480
+    assert len(fsyncs) < 48  # group commit: several exports per fsync
+    assert row_count(store) == 480
+
+
+def test_the_batch_in_flight_of_a_stuck_writer_survives_the_shutdown(store: Engine, tmp_path: Path) -> None:
+    """A database call that never returns (no deadline reaches it) holds 200 records: stop() gives up on the thread
+    and they are in the spool, to be replayed by the next start."""
+    stuck = threading.Event()
+    never = threading.Event()
+
+    def hanging_insert(_engine: Engine, _records: Sequence[RequestRecord]) -> tuple[int, int]:
+        stuck.set()
+        never.wait(30)
+        raise OperationalError("insert", {}, Exception("gave up"))
+
+    spool = tmp_path / "spool.jsonl"
+    writer = Writer(store, spool, insert=hanging_insert)
+    writer.start()
+    first = [record(i) for i in range(200)]
+    assert writer.submit(first)
+    assert stuck.wait(10)
+    later = [record(i) for i in range(200, 250)]
+    assert writer.submit(later)  # queued behind the stuck batch
+    assert not writer.stop(timeout=0.5)  # did not finish: the rest spooled from here
+    never.set()
+    spooled = {record_from_json(line).span_id for line in spool_lines(spool)}
+    assert spooled == {r.span_id for r in first + later}
+    restarted = Writer(store, spool)
+    assert restarted.stop()  # never started: replays inline
+    assert row_count(store) == 250
+
+
+# --- every span accounted for ---------------------------------------------------------------------------------------
+
+
+def test_values_the_database_cannot_store_are_rejected_before_the_answer(store: Engine, tmp_path: Path) -> None:
+    """A token count beyond int64 (both back ends), and on PostgreSQL a NUL character or NaN among the
+    attributes: rejected with a reason in the answer and in the metric, nothing acknowledged that is not stored."""
+    postgres = store.dialect.name == "postgresql"
+    bad = [
+        record(0, prompt_tokens=2**63),
+        record(1, generation_tokens=-(2**63) - 1),
+        record(2, n=2**63),
+    ]
+    if postgres:
+        bad += [
+            record(3, model="llama\x00"),
+            record(4, attributes={"k": "a\x00b"}),
+            record(5, attributes={"x": [1.0, float("nan")]}),
+            record(6, n=2**31),
+        ]
+    good = [record(100 + i) for i in range(3)]
+    writer = Writer(store, tmp_path / "spool.jsonl")
+    metrics = CollectorMetrics()
+    ingestor = Ingestor(writer, metrics, mapper=lambda _req: MappedBatch(records=[*bad, *good]))
+    writer.start()
+    try:
+        result = ingestor.ingest(export_of(len(bad) + len(good)))
+    finally:
+        assert writer.stop()
+    assert (result.accepted, result.rejected) == (len(good), len(bad))
+    assert "prompt_tokens out of range for the database" in result.message
+    assert stored_span_ids(store) == {r.span_id for r in good}
+    ingestor.refresh()
+    exposition = generate(metrics)
+    assert value(exposition, V.COLLECTOR_SPANS_REJECTED.name) == len(bad)
+    assert value(exposition, V.COLLECTOR_SPANS_REJECTED.name, reason="prompt_tokens out of range for the database") == 1
+    assert writer.snapshot().rejected == 0  # nothing reached the database to be refused there
+
+
+def test_records_the_database_refuses_after_the_answer_are_counted(store: Engine, tmp_path: Path) -> None:
+    """Whatever the database still refuses (here: a constraint it enforces) is counted by reason, and kept."""
+
+    def picky_insert(engine: Engine, records: Sequence[RequestRecord]) -> tuple[int, int]:
+        if any(r.model == "refused" for r in records):
+            raise IntegrityError("insert", {}, Exception("violates a check constraint"))
+        return db.insert_records(engine, records)
+
+    writer = Writer(store, tmp_path / "spool.jsonl", insert=picky_insert)
+    metrics = CollectorMetrics()
+    records = [record(i, model="refused" if i == 3 else "m") for i in range(8)]
+    ingestor = Ingestor(writer, metrics, mapper=lambda _req: MappedBatch(records=records))
+    writer.start()
+    try:
+        result = ingestor.ingest(export_of(8))
+        assert result.accepted == 8  # written ahead: answered before the insert
+    finally:
+        assert writer.stop()
+    assert row_count(store) == 7
+    reason = "database refused after acknowledgement: Exception"
+    assert writer.snapshot().rejected_reasons == {reason: 1}
+    assert [record_from_json(line).span_id for line in spool_lines(writer.rejected_path)] == [records[3].span_id]
+    ingestor.refresh()
+    assert value(generate(metrics), V.COLLECTOR_SPANS_REJECTED.name, reason=reason) == 1
+
+
+def generate(metrics: CollectorMetrics) -> str:
+    from prometheus_client import generate_latest
+
+    return generate_latest(metrics.registry).decode()
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_an_out_of_range_token_count_over_http_is_a_partial_success(backend: str, tmp_path: Path) -> None:
+    with contextlib.ExitStack() as stack:
+        url = None if backend == "sqlite" else stack.enter_context(postgres_schema("iw_dur"))
+        settings = CollectorSettings(data_dir=tmp_path, grpc_listen=None, database_url=url)
+        client = stack.enter_context(TestClient(create_app(settings)))
+        factory = SpanFactory()
+        body, _ = factory.body(3, **{"gen_ai.usage.prompt_tokens": str(2**64)})
+        good, good_ids = factory.body(2)
+        for payload, rejected in ((body, 3), (good, 0)):
+            r = client.post("/v1/traces", content=payload, headers={"content-type": PB})
+            assert r.status_code == 200
+            assert ExportTraceServiceResponse.FromString(r.content).partial_success.rejected_spans == rejected
+        engine = client.app.state.collector.engine  # type: ignore[attr-defined]
+        assert client.app.state.collector.writer.flush(10)  # type: ignore[attr-defined]
+        assert stored_span_ids(engine) == set(good_ids)
+        metrics = client.get("/metrics").text
+        assert value(metrics, V.COLLECTOR_SPANS_REJECTED.name) == 3
+
+
+def test_a_full_spool_turns_into_503(tmp_path: Path) -> None:
+    unreachable = db.make_engine(f"sqlite:///{tmp_path / 'missing' / 'dir' / 'store.db'}")
+    writer = Writer(unreachable, tmp_path / "spool.jsonl", spool_max_bytes=2000, retry_interval=60)
+    batches = iter(range(10))
+
+    def three_more(_req: ExportTraceServiceRequest) -> MappedBatch:
+        i = next(batches)
+        return MappedBatch(records=[record(10 * i + j) for j in range(3)])
+
+    ingestor = Ingestor(writer, CollectorMetrics(), mapper=three_more)
+    writer.start()
+    try:
+        statuses = []
+        for _ in range(10):
+            result = ingestor.ingest(export_of(3))
+            statuses.append("503" if result.backpressure and result.unavailable else "ok")
+        assert not writer.db_ok
+        assert statuses[0] == "ok" and statuses[-1] == "503"
+        assert writer.spool.size() < 2000 + 3000  # the limit, give or take the batch that crossed it
+    finally:
+        writer.stop()
+        unreachable.dispose()
+
+
+# --- timeouts ---------------------------------------------------------------------------------------------------------
+
+
+def test_sqlite_statement_deadline_and_busy_timeout(tmp_path: Path) -> None:
+    engine = db.make_engine(db.default_url(tmp_path), db.DbTimeouts(statement=0.5, busy=0.25))
+    endless = text("WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c")
+    try:
+        with engine.connect() as conn:
+            assert conn.execute(text("PRAGMA busy_timeout")).scalar() == 250
+            started = time.monotonic()
+            with pytest.raises(OperationalError, match="interrupted") as caught:
+                conn.execute(endless)
+            assert time.monotonic() - started < 5
+            assert db.is_unreachable(caught.value)
+            with db.deadline(0.1), pytest.raises(OperationalError):
+                conn.execute(endless)
+            assert conn.execute(text("SELECT 1")).scalar() == 1  # the connection is still usable
+    finally:
+        engine.dispose()
+
+
+def test_postgres_timeouts_are_set_and_the_url_wins() -> None:
+    with postgres_schema("iw_dur") as url:
+        engine = db.make_engine(url, db.DbTimeouts(statement=3, connect=4))
+        own = db.make_engine(make_url(url).update_query_dict({"options": "-c statement_timeout=1234"}))
+        try:
+            with engine.connect() as conn:
+                assert conn.execute(text("SHOW statement_timeout")).scalar() == "3s"
+                assert conn.execute(text("SHOW search_path")).scalar().startswith("iw_dur")  # type: ignore[union-attr]
+                with pytest.raises(OperationalError, match="statement timeout"):
+                    conn.execute(text("SELECT pg_sleep(10)"))
+            with own.connect() as conn:
+                assert conn.execute(text("SHOW statement_timeout")).scalar() == "1234ms"
+        finally:
+            engine.dispose()
+            own.dispose()
+
+
+# --- kill -9 under load ----------------------------------------------------------------------------------------------
+
+
+class Collector:
+    """``inferwatch collector serve`` as a process, restartable on the same data directory and HTTP port."""
+
+    def __init__(self, data_dir: Path, url: str | None) -> None:
+        self.data_dir = data_dir
+        self.url = url
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> float:
+        cmd = [
+            sys.executable,
+            "-m",
+            "inferwatch",
+            "collector",
+            "serve",
+            "--data-dir",
+            str(self.data_dir),
+            "--listen",
+            f"127.0.0.1:{self.port}",
+            "--grpc-listen",
+            f"127.0.0.1:{free_port()}",
+            "--log-level",
+            "warning",
+        ]
+        if self.url:
+            cmd += ["--database-url", self.url]
+        started = time.monotonic()
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_until(self.ready, 60, "collector ready")
+        return time.monotonic() - started
+
+    def ready(self) -> bool:
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            raise AssertionError(f"collector exited with {self.proc.returncode}")
+        try:
+            return httpx.get(self.base + "/readyz", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def kill9(self) -> None:
+        assert self.proc is not None
+        os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=30)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+
+
+class Load:
+    """Senders posting ``rate`` spans/s in bodies of ``per_body``; a span counts as acknowledged on a 200
+    without rejections."""
+
+    def __init__(self, base: str, rate: float, per_body: int = 20, senders: int = 4) -> None:
+        self.base = base
+        self.per_body = per_body
+        self.interval = senders * per_body / rate
+        self.factory = SpanFactory(seed=7)
+        self.acked: set[str] = set()
+        self.sent = 0
+        self.failed = 0
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.threads = [threading.Thread(target=self._run, daemon=True) for _ in range(senders)]
+
+    def __enter__(self) -> Load:
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(timeout=30)
+
+    def _run(self) -> None:
+        with httpx.Client(base_url=self.base, timeout=10) as client:
+            next_at = time.monotonic()
+            while not self.stop.is_set():
+                body, ids = self.factory.body(self.per_body)
+                ok = False
+                try:
+                    r = client.post("/v1/traces", content=body, headers={"content-type": PB})
+                    ok = (
+                        r.status_code == 200
+                        and ExportTraceServiceResponse.FromString(r.content).partial_success.rejected_spans == 0
+                    )
+                except httpx.HTTPError:
+                    pass
+                with self.lock:
+                    self.sent += len(ids)
+                    if ok:
+                        self.acked.update(ids)
+                    else:
+                        self.failed += len(ids)
+                next_at = max(next_at + self.interval, time.monotonic() - self.interval)
+                self.stop.wait(max(0.0, next_at - time.monotonic()))
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_kill_9_under_load_loses_no_acknowledged_span(backend: str, tmp_path: Path) -> None:
+    with contextlib.ExitStack() as stack:
+        url = None if backend == "sqlite" else stack.enter_context(postgres_schema("iw_kill"))
+        collector = Collector(tmp_path / "data", url)
+        stack.callback(collector.stop)
+        collector.start()
+        rng = random.Random(3)
+        crashes = []
+        with Load(collector.base, rate=1000) as load:
+            for _ in range(3):
+                time.sleep(1.5 + rng.random() * 1.5)
+                with load.lock:
+                    acked_before = len(load.acked)
+                collector.kill9()
+                crashes.append(acked_before)
+                collector.start()  # replays the spool left by the crash
+            time.sleep(1.5)
+        collector.stop()  # SIGTERM: a clean shutdown
+        engine = db.make_engine(url or db.default_url(tmp_path / "data"))
+        try:
+            stored = stored_span_ids(engine)
+        finally:
+            engine.dispose()
+    lost = load.acked - stored
+    print(
+        f"\nkill -9 x3 ({backend}): sent {load.sent}, acknowledged {len(load.acked)}, stored {len(stored)}, "
+        f"acknowledged but lost {len(lost)}; acknowledged at each crash {crashes}"
+    )
+    assert len(load.acked) > 1000  # the load really ran
+    assert not lost, f"{len(lost)} acknowledged spans lost"
+
+
+# --- a PostgreSQL network partition ---------------------------------------------------------------------------------
+
+
+def metric(http: httpx.Client, name: str) -> float:
+    return value(http.get("/metrics").text, name)
+
+
+def test_postgres_partition_spools_answers_503_and_recovers(tmp_path: Path) -> None:
+    with postgres_schema("iw_part") as direct_url, TcpProxy("127.0.0.1", make_url(direct_url).port or 5432) as proxy:
+        proxied = make_url(direct_url).set(port=proxy.port).render_as_string(hide_password=False)
+        settings = CollectorSettings(
+            data_dir=tmp_path,
+            grpc_listen=None,
+            database_url=proxied,
+            db_write_timeout_seconds=2,
+            db_statement_timeout_seconds=2,
+            db_connect_timeout_seconds=2,
+            db_pool_timeout_seconds=2,
+            ingest_timeout_seconds=8,
+        )
+        factory = SpanFactory(seed=11)
+        acked: set[str] = set()
+        direct = db.make_engine(direct_url)
+        app = create_app(settings)
+        writer = app.state.collector.writer
+        writer.max_retry_interval = 1.0  # retry often: the test waits for the replay
+        writer.probe_interval = 1.0
+        timings: dict[str, float] = {}
+
+        def post(http: httpx.Client, n: int) -> httpx.Response:
+            body, ids = factory.body(n)
+            r = http.post("/v1/traces", content=body, headers={"content-type": PB})
+            if r.status_code == 200:
+                acked.update(ids)
+            return r
+
+        try:
+            with served_in_thread(app) as base, httpx.Client(base_url=base, timeout=60) as http:
+                assert post(http, 50).status_code == 200
+                wait_until(lambda: row_count(direct) == 50, 10, "stored before the partition")
+
+                proxy.silence()
+                started = time.monotonic()
+                r = post(http, 200)  # the writer's insert hangs: the batch is spooled past the write deadline
+                timings["first export in the partition answered (s)"] = time.monotonic() - started
+                assert r.status_code == 200
+                timings["database_up 0 after (s)"] = (
+                    time.monotonic()
+                    - started
+                    + wait_until(lambda: metric(http, V.COLLECTOR_DB_UP.name) == 0, 15, "database_up 0")
+                )
+                started = time.monotonic()
+                r = http.get("/readyz")
+                timings["/readyz answered (s)"] = time.monotonic() - started
+                assert r.status_code == 503
+                started = time.monotonic()
+                r = http.get("/api/v1/requests")
+                timings["/api/v1/requests answered (s)"] = time.monotonic() - started
+                assert r.status_code == 503 and "database" in r.json()["detail"]
+                r = http.get("/api/v1/stats")
+                assert r.status_code == 503 and "database" in r.json()["detail"]
+                started = time.monotonic()
+                for _ in range(5):  # the database known down: straight to the spool
+                    assert post(http, 20).status_code == 200
+                timings["5 exports while down (s)"] = time.monotonic() - started
+                assert len(spool_lines(tmp_path / "spool.jsonl")) >= 300
+                assert row_count(direct) == 50
+
+                proxy.resume()
+                started = time.monotonic()
+                wait_until(lambda: metric(http, V.COLLECTOR_DB_UP.name) == 1, 30, "database_up back to 1")
+                timings["replayed after the partition (s)"] = time.monotonic() - started
+                assert stored_span_ids(direct) >= acked
+                assert http.get("/readyz").status_code == 200
+
+                proxy.silence()  # and a shutdown in the middle of the next partition
+                for _ in range(3):
+                    assert post(http, 100).status_code == 200
+            # served_in_thread stopped the app: whatever was not committed is in the spool
+            proxy.resume()
+            missing = acked - stored_span_ids(direct)
+            assert missing
+            assert missing <= {record_from_json(line).span_id for line in spool_lines(tmp_path / "spool.jsonl")}
+            restart = CollectorSettings(data_dir=tmp_path, grpc_listen=None, database_url=direct_url)
+            with TestClient(create_app(restart)) as client:
+                wait_until(lambda: client.get("/readyz").status_code == 200, 10, "ready after restart")
+                assert client.app.state.collector.writer.flush(10)  # type: ignore[attr-defined]
+            assert stored_span_ids(direct) >= acked
+        finally:
+            direct.dispose()
+    print("\npartition timings:", {k: round(v, 2) for k, v in timings.items()}, f"acknowledged {len(acked)}")
+    assert timings["first export in the partition answered (s)"] < 8
+    assert timings["/readyz answered (s)"] < 8
+    assert timings["/api/v1/requests answered (s)"] < 10

@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 SUDO := $(shell [ "$$(id -u)" -ne 0 ] && command -v sudo)
 
-.PHONY: help install system-deps lint test bench demo goldens check-generated clean
+.PHONY: help install system-deps lint test bench soak demo goldens check-generated clean
 
 help: ## show this help
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -47,6 +47,9 @@ bench: $(STAMP) ## benchmarks (non-zero exit when a target is missed)
 	$(PY) -m bench.exporter
 	$(PY) -m bench.collector
 	$(PY) -m bench.diagnose
+
+soak: $(STAMP) ## collector under load for a minute: no loss, flat RSS
+	$(PY) -m bench.soak
 
 demo: $(STAMP) ## simulated fleet through the whole pipeline, no Docker
 	$(PY) -m inferwatch demo --duration 30

@@ -59,6 +59,7 @@ DEMO_ALERTS: Final[dict[str, str]] = {
     "target_down_for": "10s",
     "metrics_absent_for": "30s",
     "group_wait": "2s",
+    "period_rules_interval": "15s",
     "group_interval": "10s",
     "repeat_interval": "5m",
     "page_repeat_interval": "5m",

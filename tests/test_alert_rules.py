@@ -279,3 +279,80 @@ def test_a_page_does_not_inhibit_unrelated_tickets(alertmanager: str) -> None:
     assert states[f"{V.ALERT_SLO_BURN}/sync-ticket"] == "suppressed", states
     assert states[f"{V.ALERT_ENGINE_METRICS_ABSENT}/y:1"] == "active", states
     assert states[f"{V.ALERT_KV_SATURATED}/y:2"] == "active", states
+
+
+def test_two_slo_files_with_the_same_slo_name_do_not_collide(tmp_path: Path) -> None:
+    """Two teams, one Prometheus: both name an SLO ``ttft-500ms``. Every series and alert carries its
+    file's ``service``, so the ratios, the budget (whose join would otherwise be many-to-many) and
+    the alerts stay apart."""
+    from inferwatch.alerts.generate import generate
+    from inferwatch.core.slo import parse
+
+    promtool = require_tool("promtool")
+    vocab = V.Vocabulary()
+    for service in ("chat", "code"):
+        spec = parse(
+            f"service: {service}\nslos:\n  - name: ttft-500ms\n    objective: 99\n"
+            f"    indicator: {{latency: {{metric: time_to_first_token, threshold_seconds: 0.5}}}}\n"
+            f"    selector: {{model: {service}-model}}\n    group_by: [model]\n",
+            f"{service}.yaml",
+            vocab,
+        )
+        (tmp_path / f"{service}.yml").write_text(generate(spec, vocab)["rules.yml"])
+    count, bucket = f"{V.TIME_TO_FIRST_TOKEN.name}_count", f"{V.TIME_TO_FIRST_TOKEN.name}_bucket"
+    series = [
+        # chat: 600 req/min, 480 within 0.5 s (20 % slow); code: 600 req/min, all fast
+        (f'{count}{{model="chat-model",instance="a:9400"}}', "0+600x70"),
+        (f'{bucket}{{model="chat-model",instance="a:9400",le="0.5"}}', "0+480x70"),
+        (f'{count}{{model="code-model",instance="b:9400"}}', "0+600x70"),
+        (f'{bucket}{{model="code-model",instance="b:9400",le="0.5"}}', "0+600x70"),
+    ]
+
+    def sample(record: str, service: str, model: str, value: float) -> dict[str, Any]:
+        labels = f'{V.SLO_SERVICE_LABEL}="{service}",{V.SLO_LABEL}="ttft-500ms",{V.LABEL_MODEL}="{model}"'
+        return {"labels": f"{record}{{{labels}}}", "value": value}
+
+    ratio5m = V.slo_error_ratio("5m")
+    test = {
+        "rule_files": ["chat.yml", "code.yml"],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [{"series": s, "values": v} for s, v in series],
+                "promql_expr_test": [
+                    {
+                        "expr": ratio5m,
+                        "eval_time": "70m",
+                        "exp_samples": [
+                            sample(ratio5m, "chat", "chat-model", 0.2),
+                            sample(ratio5m, "code", "code-model", 0),
+                        ],
+                    },
+                    {
+                        "expr": f"round({V.SLO_BUDGET_REMAINING_RECORD}, 0.001)",
+                        "eval_time": "70m",
+                        "exp_samples": [
+                            # round() drops the name: the labels alone
+                            sample("", "chat", "chat-model", -19),
+                            sample("", "code", "code-model", 1),
+                        ],
+                    },
+                    {
+                        # all four burn alerts, for chat only
+                        "expr": f"count by ({V.SLO_SERVICE_LABEL}, {V.SLO_LABEL}) "
+                        f'(ALERTS{{alertname="{V.ALERT_SLO_BURN}"}})',
+                        "eval_time": "70m",
+                        "exp_samples": [
+                            {"labels": f'{{{V.SLO_SERVICE_LABEL}="chat",{V.SLO_LABEL}="ttft-500ms"}}', "value": 4}
+                        ],
+                    },
+                ],
+            }
+        ],
+    }
+    (tmp_path / "two_services.yaml").write_text(yaml.safe_dump(test, sort_keys=False))
+    result = subprocess.run(
+        [promtool, "test", "rules", "two_services.yaml"], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0 and "SUCCESS" in result.stdout, result.stdout + result.stderr

@@ -51,7 +51,9 @@ def test_every_alert_has_severity_summary_description_runbook() -> None:
     burns = [a for a in alerts if a["alert"] == V.ALERT_SLO_BURN]
     assert len(burns) == 4 * 4
     assert all(
-        set(a["labels"]) == {V.SLO_LABEL, V.SEVERITY_LABEL, V.LONG_WINDOW_LABEL, V.SHORT_WINDOW_LABEL} for a in burns
+        set(a["labels"])
+        == {V.SLO_SERVICE_LABEL, V.SLO_LABEL, V.SEVERITY_LABEL, V.LONG_WINDOW_LABEL, V.SHORT_WINDOW_LABEL}
+        for a in burns
     )
 
 

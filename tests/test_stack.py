@@ -33,9 +33,9 @@ def generated() -> dict[str, bytes]:
 def test_deploy_is_the_generated_stack_byte_for_byte() -> None:
     files = generated()
     on_disk = {p.relative_to(DEPLOY).as_posix() for p in DEPLOY.rglob("*") if p.is_file()}
-    assert on_disk == set(files), "run `make stack` (inferwatch generate stack --out deploy)"
+    assert on_disk == set(files), "run `make goldens` (inferwatch generate stack --out deploy)"
     for name, content in files.items():
-        assert (DEPLOY / name).read_bytes() == content, f"{name} is stale: run `make stack`"
+        assert (DEPLOY / name).read_bytes() == content, f"{name} is stale: run `make goldens`"
     result = CliRunner().invoke(app, ["generate", "stack", "--out", str(DEPLOY), "--check"])
     assert result.exit_code == 0, result.output
 

@@ -14,8 +14,6 @@ from inferwatch.core import vocabulary as V
 from inferwatch.core.slo import SLO, SLOFile, alert_windows
 
 ALERTS_METRIC = "ALERTS"
-LONG_WINDOW = "long_window"
-SHORT_WINDOW = "short_window"
 
 
 class BurnAlert(BaseModel):
@@ -65,17 +63,23 @@ def _group_key(labels: dict[str, str], group_by: list[str]) -> tuple[str, ...]:
     return tuple(labels.get(label, "") for label in group_by)
 
 
-def _mine(rows: list[dict[str, object]], slo_name: str) -> list[tuple[dict[str, str], float]]:
+def _mine(rows: list[dict[str, object]], slo_name: str, service: str) -> list[tuple[dict[str, str], float]]:
+    """The series of this SLO of this service (series from rules generated before the service label
+    existed have none: they are taken as this service's)."""
     out = []
     for item in rows:
         labels = _labels(item)
         value = _value(item)
-        if labels.get(V.SLO_LABEL) == slo_name and math.isfinite(value):
+        if (
+            labels.get(V.SLO_LABEL) == slo_name
+            and labels.get(V.SLO_SERVICE_LABEL, service) == service
+            and math.isfinite(value)
+        ):
             out.append((labels, value))
     return out
 
 
-def _status(slo: SLO, by_name: dict[str, list[dict[str, object]]]) -> SloStatus:
+def _status(slo: SLO, service: str, by_name: dict[str, list[dict[str, object]]]) -> SloStatus:
     budget = float(slo.error_budget)
     group_by = list(slo.group_by)
     groups: dict[tuple[str, ...], SloGroup] = {}
@@ -92,22 +96,22 @@ def _status(slo: SLO, by_name: dict[str, list[dict[str, object]]]) -> SloStatus:
             )
         return groups[key]
 
-    for labels, value in _mine(by_name[V.SLO_PERIOD_ERROR_RATIO_RECORD], slo.name):
+    for labels, value in _mine(by_name[V.SLO_PERIOD_ERROR_RATIO_RECORD], slo.name, service):
         g = group(labels)
         g.error_ratio, g.sli = value, 1 - value
-    for labels, value in _mine(by_name[V.SLO_BUDGET_REMAINING_RECORD], slo.name):
+    for labels, value in _mine(by_name[V.SLO_BUDGET_REMAINING_RECORD], slo.name, service):
         group(labels).budget_remaining = value
     for window in alert_windows():
-        for labels, value in _mine(by_name[V.slo_error_ratio(window)], slo.name):
+        for labels, value in _mine(by_name[V.slo_error_ratio(window)], slo.name, service):
             group(labels).burn_rates[window] = value / budget if budget else None
     firing = [
         BurnAlert(
             severity=labels.get(V.SEVERITY_LABEL, ""),
-            long_window=labels.get(LONG_WINDOW, ""),
-            short_window=labels.get(SHORT_WINDOW, ""),
+            long_window=labels.get(V.LONG_WINDOW_LABEL, ""),
+            short_window=labels.get(V.SHORT_WINDOW_LABEL, ""),
             labels={k: v for k, v in labels.items() if k not in ("__name__", "alertname", "alertstate")},
         )
-        for labels, _ in _mine(by_name[ALERTS_METRIC], slo.name)
+        for labels, _ in _mine(by_name[ALERTS_METRIC], slo.name, service)
     ]
     return SloStatus(
         name=slo.name,
@@ -129,5 +133,5 @@ async def read_slos(client: httpx.AsyncClient, base_url: str, spec: SLOFile, *, 
     except TimeoutError:
         raise UpstreamError(base_url, f"Prometheus did not answer within {timeout:g} s") from None
     by_name = dict(zip(names, results, strict=True))
-    out = [_status(slo, by_name) for slo in spec.slos]
+    out = [_status(slo, spec.service, by_name) for slo in spec.slos]
     return SloReport(source=base_url, slos=out, upstream_queries=len(names))

@@ -18,8 +18,17 @@ from inferwatch.core import vocabulary as V
 from inferwatch.core.yamlfile import YAMLSyntaxError, load_located
 
 _NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,62}[a-z0-9])?$")
+_SERVICE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,62}[A-Za-z0-9])?$")
 _DURATION = re.compile(r"^(\d+)([mhdw])$")
 _HOURS = {"m": 1 / 60, "h": 1, "d": 24, "w": 168}
+
+
+DEFAULT_MIN_REQUESTS = 10
+"""Below this many requests in a burn alert's long window, one slow request is 10 % of the traffic:
+a ratio that pages on noise. 10 keeps a 99 % SLO's page (14.4x budget = 14.4 % bad) from firing on a
+single bad request in the hour."""
+PERIOD_RULES_INTERVAL = "5m"
+"""How often the period SLI, budget and period burn rate are recomputed (a slower rule group)."""
 
 
 class SLOFileError(ValueError):
@@ -75,6 +84,8 @@ class SLO(BaseModel):
     indicator: Indicator
     selector: dict[str, str] = Field(default_factory=dict)
     group_by: list[str] = Field(default_factory=list)
+    min_requests: int = Field(DEFAULT_MIN_REQUESTS, ge=0)
+    """The burn-rate alerts stay silent on fewer requests than this in their long window (0: off)."""
 
     @field_validator("name")
     @classmethod
@@ -103,7 +114,7 @@ class SLO(BaseModel):
     @classmethod
     def _group_by(cls, value: list[str]) -> list[str]:
         for k in value:
-            if not V.is_label_name(k) or k in (V.SLO_LABEL, V.SEVERITY_LABEL, V.LABEL_LE):
+            if not V.is_label_name(k) or k in (V.SLO_LABEL, V.SLO_SERVICE_LABEL, V.SEVERITY_LABEL, V.LABEL_LE):
                 raise ValueError(f"{k!r} cannot be a group_by label")
         return value
 
@@ -141,6 +152,9 @@ class AlertSettings(BaseModel):
     """a file holding the collector's ingest token (Alertmanager sends it as a bearer token)."""
     webhook_token: str | None = None
     """the ingest token itself, written into alertmanager.yml (prefer webhook_credentials_file)."""
+    period_rules_interval: str = PERIOD_RULES_INTERVAL
+    """the rule group of the period SLI, budget remaining and period burn rate (30-day sums are
+    expensive; they move slowly)."""
     group_wait: str = "30s"
     group_interval: str = "5m"
     repeat_interval: str = "4h"
@@ -156,6 +170,7 @@ class AlertSettings(BaseModel):
         "queue_growth_for",
         "target_down_for",
         "metrics_absent_for",
+        "period_rules_interval",
         "group_wait",
         "group_interval",
         "repeat_interval",
@@ -166,6 +181,16 @@ class AlertSettings(BaseModel):
     def _durations(cls, value: str) -> str:
         if not re.match(r"^\d+[smhd]$", value):
             raise ValueError(f"{value!r} is not a Prometheus duration like 5m")
+        return value
+
+    @field_validator("runbook_base_url")
+    @classmethod
+    def _runbook_base(cls, value: str) -> str:
+        scheme = value.split("://", 1)[0] if "://" in value else None
+        if scheme is not None and scheme not in ("http", "https"):
+            raise ValueError(f"{value!r}: give an http(s) URL or a path relative to where the alerts are read")
+        if any(c in value for c in " #?"):
+            raise ValueError(f"{value!r}: the runbook base cannot hold spaces, '#' or '?' (the anchor is appended)")
         return value
 
     @model_validator(mode="after")
@@ -192,6 +217,13 @@ class SLOFile(BaseModel):
     service: str = "llm-serving"
     slos: list[SLO] = Field(min_length=1)
     alerts: AlertSettings = Field(default_factory=AlertSettings)
+
+    @field_validator("service")
+    @classmethod
+    def _service(cls, value: str) -> str:
+        if not _SERVICE.match(value):
+            raise ValueError(f"{value!r}: use letters, digits, dashes, dots and underscores (e.g. chat-api)")
+        return value
 
     @model_validator(mode="after")
     def _unique(self) -> SLOFile:

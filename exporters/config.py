@@ -19,6 +19,11 @@ from inferwatch.exporters.mapping import EngineAdapter, OptionValues
 
 AUTO = "auto"
 """the engine of a target whose engine is detected from its payload."""
+DEFAULT_TIMEOUT_SECONDS = 5.0
+DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
+"""32 MiB: a real vLLM page with 8 data-parallel engines x 8 models is 2 MB."""
+DEFAULT_MAX_SAMPLES = 200_000
+"""sample lines per page: that vLLM page has 23,000."""
 
 Problem = tuple[str, str]
 """(where, what): a dotted location such as ``targets.0.options.NAME``, and the message."""
@@ -34,7 +39,16 @@ class TargetConfig(BaseModel):
     name: str | None = Field(None, description="Value of the `target` label on health series (default: url).")
     model: str | None = Field(None, description="Override the model label (for engines whose metrics carry none).")
     labels: dict[str, str] = Field(default_factory=dict, description="Extra labels on every series.")
-    timeout_seconds: float = Field(5.0, gt=0)
+    timeout_seconds: float = Field(
+        DEFAULT_TIMEOUT_SECONDS,
+        gt=0,
+        description="Deadline of one whole scrape of the engine: every request (metrics, info, JSON stats), "
+        "connect to last byte.",
+    )
+    max_body_bytes: int = Field(
+        DEFAULT_MAX_BODY_BYTES, gt=0, description="Largest response body read from the engine, after decompression."
+    )
+    max_samples: int = Field(DEFAULT_MAX_SAMPLES, gt=0, description="Most sample lines accepted in one page.")
     options: dict[str, JsonValue] = Field(
         default_factory=dict, description="Engine options by name (`inferwatch exporter engines` lists them)."
     )

@@ -10,6 +10,7 @@ Prometheus text. Generic code (the runtime, the CLI) sees only this interface, n
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -20,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, JsonValue
 from inferwatch.core import vocabulary as V
 from inferwatch.exporters import textparse
 from inferwatch.exporters.model import HistogramValue, SeriesKey, Snapshot, rebucket, series_key
-from inferwatch.exporters.textparse import Labels, ParsedText
+from inferwatch.exporters.textparse import Labels, NonFiniteSample, ParsedText
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,11 @@ OptionValues = Mapping[str, JsonValue]
 
 class ScrapeError(Exception):
     """The engine could not be scraped (down, slow, HTTP error, garbage)."""
+
+    def __init__(self, message: str, reason: str = V.SCRAPE_ERROR_INVALID) -> None:
+        super().__init__(message)
+        self.reason = reason
+        """why, as the ``reason`` label of the exporter's scrape-error health series."""
 
 
 class Fetch(Protocol):
@@ -224,6 +230,18 @@ class EngineAdapter:
                 fams.update(family_of(a) for a in self.aliases(f))
         return frozenset(fams)
 
+    @cached_property
+    def strict_samples(self) -> frozenset[str]:
+        """Sample names feeding canonical counters and histograms: they must be finite."""
+        names: set[str] = set()
+        for row in (*self.rows, *self.hook_rows):
+            if row.metric.kind is not V.Kind.GAUGE:
+                names.update(row.sample_names())
+        if self.aliases:
+            for n in list(names):
+                names.update(self.aliases(n))
+        return frozenset(names)
+
     def mapped_metrics(self) -> frozenset[str]:
         """Keys of canonical metrics this adapter can produce (rows plus hook-produced ones)."""
         rows = (*self.rows, *self.hook_rows)
@@ -313,6 +331,7 @@ def translate_parsed(
     adapter: EngineAdapter, parsed: ParsedText, ctx: TranslateContext, extend: Hook | None = None
 ) -> Snapshot:
     """Apply ``adapter``'s rows and hook, then ``extend`` (a session's), to a parsed payload."""
+    check_finite_samples(adapter, parsed)
     snap = Snapshot()
     translate_rows(adapter, adapter.rows, parsed, ctx, snap)
     if adapter.hook is not None:
@@ -321,6 +340,36 @@ def translate_parsed(
         extend(parsed, ctx, snap)
     _account_unmapped(adapter, parsed, snap)
     return snap
+
+
+def check_finite_samples(adapter: EngineAdapter, parsed: ParsedText) -> None:
+    """Raise :class:`~inferwatch.exporters.textparse.NonFiniteSample` when a sample feeding a canonical
+    counter or histogram is NaN or infinite. Such a value is garbage (a counter counts events), and it
+    cannot be dropped alone: where several series sum into one canonical series, serving the sum
+    without it would look like a counter reset. Gauges may be NaN (the format allows it)."""
+    samples = parsed.samples
+    for name in adapter.strict_samples:
+        got = samples.get(name)
+        if not got or math.isfinite(sum([v for _, v in got])):
+            continue
+        for labels, v in got:
+            if not math.isfinite(v):
+                shown = ",".join(f'{k}="{val}"' for k, val in labels)
+                raise NonFiniteSample(f"{name}{{{shown}}} is {v!r}; a counter or histogram sample must be finite")
+
+
+def check_finite_snapshot(snap: Snapshot) -> None:
+    """Raise :class:`~inferwatch.exporters.textparse.NonFiniteSample` when a canonical counter or histogram
+    of ``snap`` is NaN or infinite (whatever computed it: rows, a hook, an engine's JSON)."""
+    for spec, series in snap.values.items():
+        if spec.kind is V.Kind.COUNTER and not math.isfinite(sum(series.values())):
+            bad = next(k for k, v in series.items() if not math.isfinite(v))
+            raise NonFiniteSample(f"canonical counter {spec.key} {dict(bad)} is not finite")
+    for spec, hseries in snap.histograms.items():
+        for key, h in hseries.items():
+            total = h.inf + h.total + (sum(h.counts) if h.counts else 0.0)
+            if not math.isfinite(total):
+                raise NonFiniteSample(f"canonical histogram {spec.key} {dict(key)} is not finite")
 
 
 def _translate_histogram(
@@ -374,6 +423,8 @@ def _translate_histogram(
                 le = float(le_raw) / row.divisor
             except ValueError:
                 raise textparse.ParseError(f"{base}_bucket has an invalid le={le_raw!r}") from None
+            if le != le:
+                raise textparse.ParseError(f"{base}_bucket has le={le_raw!r}, not a boundary")
             le_cache[le_raw] = le
         if le == float("inf"):
             inf_counts[key] = value

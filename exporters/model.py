@@ -80,7 +80,8 @@ class Snapshot:
         if old is None:
             series[key] = value
         elif spec.aggregation is V.Aggregation.MAX:
-            series[key] = max(old, value)
+            # NaN wins, whatever the order (a gauge may be NaN; ``max`` would keep or drop it by position)
+            series[key] = value if value > old or value != value else old
         else:
             series[key] = old + value
 
@@ -131,7 +132,9 @@ def merge_snapshots(snapshots: Iterable[Snapshot]) -> Snapshot:
                 out.add_value(spec, key, v)
         for spec, hseries in snap.histograms.items():
             for key, h in hseries.items():
-                out.add_histogram(spec, key, h)
+                # a copy: a snapshot may be merged by several concurrent scrapes that share it
+                counts = None if h.counts is None else list(h.counts)
+                out.add_histogram(spec, key, HistogramValue(h.bounds, counts, h.inf, h.total))
         out.inexact |= snap.inexact
         for spec, note in snap.notes.items():
             if note not in out.notes.get(spec, ""):

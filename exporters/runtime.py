@@ -5,8 +5,16 @@ from the payload) and opens the engine's session for the target, which fetches t
 injected ``httpx.Client`` (and polls between scrapes when the engine needs it). It reads the
 engine's info endpoint for facts that are not in its metrics, and returns a canonical
 :class:`~inferwatch.exporters.model.Snapshot` with the exporter-health series. A failed scrape yields only
-health series (``EXPORTER_UP`` is 0): no stale canonical series are served. Errors are logged once
-per change of state.
+health series (``EXPORTER_UP`` is 0, ``EXPORTER_LAST_SCRAPE_ERROR`` says why): no stale canonical
+series are served. Errors are logged once per change of state.
+
+Bounds: everything one scrape asks the engine (metrics, info, the JSON a session polls) shares one
+deadline of ``timeout_seconds`` (:mod:`inferwatch.exporters.fetching`). A scrape runs in a thread of
+its own (a *flight*); the scrapes of the exporter that arrive while it is in flight share it instead
+of queueing behind it, and each waits at most until the flight's deadline: a slow engine costs a
+scrape at most its deadline, never more, and never the next scrape. A page is refused whole (up 0)
+when its body is over ``max_body_bytes``, it has more than ``max_samples`` sample lines, it is cut
+mid-line, it repeats a series, or a counter or histogram sample is NaN or infinite.
 """
 
 from __future__ import annotations
@@ -24,9 +32,17 @@ import httpx
 from inferwatch.core import vocabulary as V
 from inferwatch.exporters.config import AUTO, TargetConfig
 from inferwatch.exporters.engines import EngineRegistry
-from inferwatch.exporters.mapping import EngineAdapter, EngineFacts, EngineSession, ScrapeError, TranslateContext
+from inferwatch.exporters.fetching import EngineRequest, Limits, Watchdog
+from inferwatch.exporters.mapping import (
+    EngineAdapter,
+    EngineFacts,
+    EngineSession,
+    ScrapeError,
+    TranslateContext,
+    check_finite_snapshot,
+)
 from inferwatch.exporters.model import Snapshot, merge_snapshots, series_key
-from inferwatch.exporters.textparse import ParseError, looks_like_text_exposition
+from inferwatch.exporters.textparse import ParseError, check_complete, looks_like_text_exposition, too_many_samples
 
 log = logging.getLogger("inferwatch.exporter")
 
@@ -35,6 +51,8 @@ DETECT_PATH = "/metrics"
 """what a base URL is scraped at while its engine is not known yet."""
 UNDETECTED_POLL_SECONDS = 1.0
 """how often a target whose engine is not known yet asks whether it needs background polls."""
+COLLECT_SLACK_SECONDS = 0.1
+"""how long past a flight's deadline a scrape waits for the flight to report its own timeout."""
 
 
 def _split(url: str) -> tuple[str, str]:
@@ -53,13 +71,16 @@ def health_snapshot(
     duration: float,
     unmapped: int | None = None,
     histograms: dict[V.MetricSpec, bool] | None = None,
+    reason: str | None = None,
 ) -> Snapshot:
-    """The exporter-health series of one target."""
+    """The exporter-health series of one target; ``reason`` is why a failed scrape failed."""
     snap = Snapshot()
     base = {V.LABEL_ENGINE: engine, V.LABEL_TARGET: target}
     key = series_key(base, extra)
     snap.set_value(V.EXPORTER_UP, key, 1.0 if up else 0.0)
     snap.set_value(V.EXPORTER_SCRAPE_DURATION, key, duration)
+    if reason is not None:
+        snap.set_value(V.EXPORTER_LAST_SCRAPE_ERROR, series_key({**base, V.LABEL_REASON: reason}, extra), 1.0)
     if unmapped is not None:
         snap.set_value(V.EXPORTER_UNMAPPED_FAMILIES, key, float(unmapped))
     for spec, inexact in (histograms or {}).items():
@@ -79,27 +100,44 @@ def with_health(snap: Snapshot, target: str, engine: str, extra: dict[str, str],
 
 
 @dataclass
+class Flight:
+    """One scrape of a target in progress, and its result once :attr:`done` is set."""
+
+    request: EngineRequest
+    started: float
+    done: threading.Event = field(default_factory=threading.Event)
+    result: Snapshot | None = None
+
+
+@dataclass
 class TargetScraper:
-    """Scrapes one engine target; thread-safe (one scrape at a time, polls beside it)."""
+    """Scrapes one engine target; thread-safe: concurrent scrapes share one flight, polls take turns."""
 
     target: TargetConfig
     registry: EngineRegistry
     vocabulary: V.Vocabulary
     client: httpx.Client
     clock: Callable[[], float] = time.monotonic
+    watchdog: Watchdog = field(default_factory=Watchdog)
+    """aborts this target's engine requests at their deadline (an exporter shares one among its targets)."""
     session: EngineSession | None = None
     """the engine's session for this target; ``None`` until an ``auto`` target's engine is detected."""
     facts: EngineFacts = field(default_factory=EngineFacts)
     _facts_at: float = -1e18
     _last_error: str | None = None
     _ever_ok: bool = False
-    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _flight: Flight | None = None
+    _flight_lock: threading.Lock = field(default_factory=threading.Lock)
+    _session_lock: threading.Lock = field(default_factory=threading.Lock)
+    """held while the session fetches, polls or translates (its state is not thread-safe)."""
+    _state_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
         if self.target.engine != AUTO:
             adapter = self.registry.get(self.target.engine)
             self.session = adapter.open(self.target.options_for(adapter))
         self.base, self.path = _split(self.target.url)
+        self.limits = Limits(self.target.timeout_seconds, self.target.max_body_bytes)
 
     @property
     def adapter(self) -> EngineAdapter | None:
@@ -110,24 +148,10 @@ class TargetScraper:
         return self.adapter.name if self.adapter else V.UNKNOWN
 
     # -- fetching ---------------------------------------------------------------------------
-    def _get(self, url: str, *, allow_404: bool = False) -> str:
-        try:
-            resp = self.client.get(url, timeout=self.target.timeout_seconds)
-        except httpx.TimeoutException:
-            raise ScrapeError(f"timed out after {self.target.timeout_seconds:g}s fetching {url}") from None
-        except httpx.HTTPError as exc:
-            raise ScrapeError(f"cannot fetch {url}: {exc.__class__.__name__}: {exc}") from None
-        if allow_404 and resp.status_code == 404:
-            return ""
-        if resp.status_code != 200:
-            raise ScrapeError(f"{url} answered HTTP {resp.status_code}")
-        return resp.text
+    def _request(self) -> EngineRequest:
+        return self.watchdog.watch(EngineRequest(self.client, self.base, self.limits))
 
-    def _fetch(self, path: str, *, allow_404: bool = False) -> str:
-        """GET ``path`` of the target's base URL (the :class:`~inferwatch.exporters.mapping.Fetch` sessions use)."""
-        return self._get(self.base + path, allow_404=allow_404)
-
-    def _refresh_facts(self, adapter: EngineAdapter) -> None:
+    def _refresh_facts(self, adapter: EngineAdapter, request: EngineRequest) -> None:
         if adapter.info_path is None or adapter.parse_info is None:
             return
         now = self.clock()
@@ -135,35 +159,44 @@ class TargetScraper:
             return
         self._facts_at = now
         try:
-            body = json.loads(self._fetch(adapter.info_path))
+            # facts are extra: they may take half of what is left of the deadline, never the scrape
+            budget = request.deadline.remaining() / 2
+            body = json.loads(request.get(self.base + adapter.info_path, budget=budget))
         except (ScrapeError, ValueError) as exc:
             log.debug("target %s: no engine facts from %s: %s", self.target.label, adapter.info_path, exc)
             return
         self.facts = adapter.parse_info(body)
 
     # -- one scrape -------------------------------------------------------------------------
-    def _payload(self) -> tuple[EngineSession | None, str]:
+    def _payload(self, request: EngineRequest) -> tuple[EngineSession | None, str]:
+        fetch = request.fetch
         session = self.session
         if session is not None:
-            text = session.fetch(self._fetch, self.path)
+            text = session.fetch(fetch, self.path)
         else:
-            body = self._fetch(self.path or DETECT_PATH)
+            body = fetch(self.path or DETECT_PATH)
             adapter = self.registry.detect(body)
             if adapter is None and not body.strip():
-                adapter = self.registry.detect_empty(self._fetch)
+                adapter = self.registry.detect_empty(fetch)
             if adapter is None:
                 # Reachable, but nothing tells which engine (e.g. an empty body).
                 self._check_text(self.path or DETECT_PATH, body)
                 return None, body
             log.info("target %s: detected engine %s", self.target.label, adapter.name)
             session = self.session = adapter.open(self.target.options_for(adapter))
-            text = session.fetch(self._fetch, self.path, body)
+            text = session.fetch(fetch, self.path, body)
         self._check_text(self.path or session.adapter.default_path, text)
         return session, text
 
     def _check_text(self, path: str, body: str) -> None:
         if body.strip() and not looks_like_text_exposition(body):
             raise ScrapeError(f"{self.base + path} did not return Prometheus text (starts {body[:40]!r})")
+        check_complete(body)
+        if too_many_samples(body, self.target.max_samples):
+            raise ScrapeError(
+                f"{self.base + path} has more than {self.target.max_samples} sample lines",
+                V.SCRAPE_ERROR_TOO_MANY_SAMPLES,
+            )
 
     def poll_interval(self) -> float | None:
         """Seconds until the next background :meth:`poll`; ``None`` when the target needs none."""
@@ -172,21 +205,61 @@ class TargetScraper:
         return self.session.poll_interval
 
     def poll(self) -> None:
-        """The session's work between scrapes (errors are not fatal)."""
+        """The session's work between scrapes, under the same deadline as a scrape (errors are not fatal)."""
         session = self.session
         if session is None:
             return
+        request = self._request()
         try:
-            session.poll(self._fetch)
+            if not self._session_lock.acquire(timeout=max(0.0, request.deadline.remaining())):
+                return
+            try:
+                session.poll(request.fetch)
+            finally:
+                self._session_lock.release()
         except ScrapeError as exc:
             log.debug("target %s: background poll failed: %s", self.target.label, exc)
+        finally:
+            request.finish()
 
     def scrape(self) -> Snapshot:
-        """Scrape, translate and add health series. Never raises for engine trouble."""
-        with self._lock:
-            start = self.clock()
+        """Scrape, translate and add health series. Never raises for engine trouble, and returns
+        within the target's deadline (plus :data:`COLLECT_SLACK_SECONDS`)."""
+        return self.collect(self.begin())
+
+    def begin(self) -> Flight:
+        """The flight in progress, or a new one (started in a thread of its own)."""
+        with self._flight_lock:
+            flight = self._flight
+            if flight is not None and not flight.done.is_set() and not flight.request.deadline.expired():
+                return flight
+            flight = self._flight = Flight(self._request(), self.clock())
+        threading.Thread(target=self._fly, args=(flight,), name="target-scrape", daemon=True).start()
+        return flight
+
+    def collect(self, flight: Flight) -> Snapshot:
+        """``flight``'s result, or a timed-out health snapshot once its deadline has passed."""
+        if flight.done.wait(max(0.0, flight.request.deadline.remaining()) + COLLECT_SLACK_SECONDS):
+            assert flight.result is not None
+            return flight.result
+        flight.request.abort()
+        message = f"timed out: no answer within the {self.target.timeout_seconds:g}s deadline of the scrape"
+        self._state_error(message, V.SCRAPE_ERROR_TIMEOUT)
+        return self._down(flight.started, V.SCRAPE_ERROR_TIMEOUT)
+
+    def _fly(self, flight: Flight) -> None:
+        try:
+            flight.result = self._scrape_once(flight.request, flight.started)
+        finally:
+            flight.request.finish()
+            flight.done.set()
+
+    def _scrape_once(self, request: EngineRequest, start: float) -> Snapshot:
+        try:
+            if not self._session_lock.acquire(timeout=max(0.0, request.deadline.remaining())):
+                raise ScrapeError("timed out waiting for the target's previous scrape", V.SCRAPE_ERROR_TIMEOUT)
             try:
-                session, body = self._payload()
+                session, body = self._payload(request)
                 if session is None:
                     # Reachable, but nothing tells which engine (e.g. an empty body): up, no series.
                     self._state_ok()
@@ -194,23 +267,29 @@ class TargetScraper:
                         self.target.label, V.UNKNOWN, self.target.labels, True, self.clock() - start, 0
                     )
                 adapter = session.adapter
-                self._refresh_facts(adapter)
+                self._refresh_facts(adapter, request)
                 snap = session.translate(body, self._context(adapter))
-            except (ScrapeError, ParseError) as exc:
-                self._state_error(str(exc))
-                return self._down(start)
-            except Exception as exc:  # a bug of ours must not take the exporter (or other targets) down
-                if self._last_error != f"internal: {exc!r}":
+            finally:
+                self._session_lock.release()
+            check_finite_snapshot(snap)
+        except (ScrapeError, ParseError) as exc:
+            self._state_error(str(exc), exc.reason)
+            return self._down(start, exc.reason)
+        except Exception:  # a bug of ours must not take the exporter (or other targets) down
+            with self._state_lock:
+                if self._last_error != V.SCRAPE_ERROR_INTERNAL:
                     log.exception("target %s: translation failed", self.target.label)
-                self._last_error = f"internal: {exc!r}"
-                return self._down(start)
-            self._state_ok()
-            if snap.unmapped:
-                log.debug("target %s: unmapped families: %s", self.target.label, ", ".join(snap.unmapped))
-            return with_health(snap, self.target.label, adapter.name, self.target.labels, self.clock() - start)
+                self._last_error = V.SCRAPE_ERROR_INTERNAL
+            return self._down(start, V.SCRAPE_ERROR_INTERNAL)
+        self._state_ok()
+        if snap.unmapped:
+            log.debug("target %s: unmapped families: %s", self.target.label, ", ".join(snap.unmapped))
+        return with_health(snap, self.target.label, adapter.name, self.target.labels, self.clock() - start)
 
-    def _down(self, start: float) -> Snapshot:
-        return health_snapshot(self.target.label, self.engine_label, self.target.labels, False, self.clock() - start)
+    def _down(self, start: float, reason: str) -> Snapshot:
+        return health_snapshot(
+            self.target.label, self.engine_label, self.target.labels, False, self.clock() - start, reason=reason
+        )
 
     def _context(self, adapter: EngineAdapter) -> TranslateContext:
         return TranslateContext(
@@ -221,15 +300,18 @@ class TargetScraper:
             facts=self.facts,
         )
 
-    def _state_error(self, message: str) -> None:
-        if message != self._last_error:
-            log.warning("target %s: scrape failed: %s", self.target.label, message)
-        self._last_error = message
+    def _state_error(self, message: str, reason: str) -> None:
+        """Log a failure once per change of reason (not per scrape)."""
+        with self._state_lock:
+            if reason != self._last_error:
+                log.warning("target %s: scrape failed (%s): %s", self.target.label, reason, message)
+            self._last_error = reason
 
     def _state_ok(self) -> None:
-        if self._last_error is not None:
-            log.warning("target %s: scrape recovered", self.target.label)
-        elif not self._ever_ok:
-            log.info("target %s: first scrape succeeded", self.target.label)
-        self._last_error = None
-        self._ever_ok = True
+        with self._state_lock:
+            if self._last_error is not None:
+                log.warning("target %s: scrape recovered", self.target.label)
+            elif not self._ever_ok:
+                log.info("target %s: first scrape succeeded", self.target.label)
+            self._last_error = None
+            self._ever_ok = True

@@ -1,10 +1,18 @@
-"""The exporter's HTTP server: ``/metrics`` scrapes every target on each request."""
+"""The exporter's HTTP server: ``/metrics`` scrapes every target on each request.
+
+Every target is scraped at once; a request for ``/metrics`` waits for each target at most until that
+target's deadline (concurrent requests share each target's scrape in flight). :meth:`Exporter.stop`
+stops listening, lets the requests being served finish for at most a grace period, then aborts
+what is still asking an engine.
+"""
 
 from __future__ import annotations
 
 import logging
 import threading
-from concurrent.futures import ThreadPoolExecutor
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -14,6 +22,7 @@ from inferwatch.core import vocabulary as V
 from inferwatch.core.config import ConfigError, parse_listen
 from inferwatch.exporters.config import ExporterConfig, target_errors
 from inferwatch.exporters.engines import EngineRegistry
+from inferwatch.exporters.fetching import ACCEPT_ENCODING, Watchdog
 from inferwatch.exporters.model import merge_snapshots
 from inferwatch.exporters.render import CONTENT_TYPE, render
 from inferwatch.exporters.runtime import TargetScraper
@@ -33,22 +42,42 @@ class Exporter:
     _stop: threading.Event = field(default_factory=threading.Event)
     _threads: list[threading.Thread] = field(default_factory=list)
     _server: ThreadingHTTPServer | None = None
+    _active: int = 0
+    _idle: threading.Condition = field(default_factory=threading.Condition)
 
     def __post_init__(self) -> None:
         errors = target_errors(self.config, self.registry)
         if errors:
             raise ConfigError("invalid exporter configuration: " + "; ".join(f"{loc}: {msg}" for loc, msg in errors))
-        self.client = httpx.Client(transport=self.transport, follow_redirects=True)
+        # redirects are followed by the requests themselves, so that no redirect body is ever read
+        self.client = httpx.Client(
+            transport=self.transport, follow_redirects=False, headers={"Accept-Encoding": ACCEPT_ENCODING}
+        )
+        self.watchdog = Watchdog()
         self.scrapers = [
-            TargetScraper(target=t, registry=self.registry, vocabulary=self.vocabulary, client=self.client)
+            TargetScraper(
+                target=t, registry=self.registry, vocabulary=self.vocabulary, client=self.client, watchdog=self.watchdog
+            )
             for t in self.config.targets
         ]
-        self._pool = ThreadPoolExecutor(max_workers=max(1, min(16, len(self.scrapers))))
 
     def metrics(self) -> str:
         """Scrape every target (concurrently) and render the canonical exposition."""
-        snaps = list(self._pool.map(lambda s: s.scrape(), self.scrapers))
-        return render(merge_snapshots(snaps), self.vocabulary)
+        with self._serving():
+            flights = [s.begin() for s in self.scrapers]
+            snaps = [s.collect(f) for s, f in zip(self.scrapers, flights, strict=True)]
+            return render(merge_snapshots(snaps), self.vocabulary)
+
+    @contextmanager
+    def _serving(self) -> Iterator[None]:
+        with self._idle:
+            self._active += 1
+        try:
+            yield
+        finally:
+            with self._idle:
+                self._active -= 1
+                self._idle.notify_all()
 
     def _poll_loop(self, scraper: TargetScraper) -> None:
         while (interval := scraper.poll_interval()) is not None and not self._stop.wait(interval):
@@ -108,13 +137,22 @@ class Exporter:
                 self._threads.append(p)
         return str(bound[0]), int(bound[1])
 
-    def stop(self) -> None:
-        """Stop serving and release sockets and threads."""
+    def stop(self, grace: float = 5.0) -> bool:
+        """Stop listening, wait at most ``grace`` seconds for the scrapes being served, then abort
+        every engine request still in flight and release the sockets. Returns whether the scrapes
+        being served all finished within the grace period. Never blocks much longer than ``grace``."""
         self._stop.set()
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
+        until = time.monotonic() + grace
+        with self._idle:
+            while self._active and (left := until - time.monotonic()) > 0:
+                self._idle.wait(left)
+            drained = self._active == 0
+        self.watchdog.abort_all()
         for t in self._threads:
-            t.join(timeout=5)
-        self._pool.shutdown(wait=True)
+            t.join(timeout=max(0.1, until - time.monotonic()))
+        self.watchdog.stop()
         self.client.close()
+        return drained

@@ -5,6 +5,13 @@ names it wants and skips every other line after reading its name. Label sets are
 regular expression and memoised per payload (the same label string repeats across families).
 It accepts what engines really send: ``_sum`` before buckets (multiprocess mode), families in any
 order, blank lines between families, missing ``# HELP``, timestamps after the value, ``# EOF``.
+
+What it refuses, each with a :class:`ParseError` whose :attr:`~ParseError.reason` names the case:
+a line that is not a comment, blank or a sample (``invalid``), and a series of a wanted sample
+name given twice in one page, whatever the order of its labels (``duplicate_series``: Prometheus
+refuses such a scrape, and summing them would invent values). Families it skips are not checked
+for duplicates: they never reach the output. :func:`check_complete` refuses a page cut mid-line
+(``truncated``) and :func:`too_many_samples` enforces a limit on sample lines.
 """
 
 from __future__ import annotations
@@ -12,6 +19,8 @@ from __future__ import annotations
 import re
 from collections.abc import Container
 from dataclasses import dataclass, field
+
+from inferwatch.core import vocabulary as V
 
 Labels = tuple[tuple[str, str], ...]
 
@@ -22,6 +31,27 @@ _ESCAPE_RE = re.compile(r'\\[\\"n]')
 
 class ParseError(ValueError):
     """The payload is not valid text exposition."""
+
+    reason: str = V.SCRAPE_ERROR_INVALID
+    """why, as the ``reason`` label of the exporter's scrape-error health series."""
+
+
+class DuplicateSeries(ParseError):
+    """One series (name and label set) appears twice in a page."""
+
+    reason = V.SCRAPE_ERROR_DUPLICATE_SERIES
+
+
+class TruncatedPage(ParseError):
+    """The page does not end with a newline: it was cut mid-line."""
+
+    reason = V.SCRAPE_ERROR_TRUNCATED
+
+
+class NonFiniteSample(ParseError):
+    """A counter or histogram sample is NaN or infinite (legal for gauges only)."""
+
+    reason = V.SCRAPE_ERROR_NON_FINITE
 
 
 def _unescape(value: str) -> str:
@@ -66,6 +96,9 @@ def parse(text: str, wanted: Container[str]) -> ParsedText:
     samples = out.samples
     families = out.families
     label_cache: dict[str, Labels] = {}
+    canon_cache: dict[str, Labels] = {}
+    """raw label text -> the label set in name order (equal sets written in another order match)."""
+    seen: dict[str, set[Labels]] = {}
     for lineno, line in enumerate(text.split("\n"), 1):
         if not line:
             continue
@@ -90,6 +123,8 @@ def parse(text: str, wanted: Container[str]) -> ParsedText:
             if labels is None:
                 labels = parse_labels(raw)
                 label_cache[raw] = labels
+                canon_cache[raw] = tuple(sorted(labels))
+            canon = canon_cache[raw]
             rest = line[close + 1 :].split()
         else:
             if space == -1:
@@ -100,12 +135,42 @@ def parse(text: str, wanted: Container[str]) -> ParsedText:
             if name not in wanted:
                 _check_name(name, lineno, line)
                 continue
-            labels = ()
+            labels = canon = ()
             rest = line[space:].split()
         if not rest:
             raise ParseError(f"line {lineno}: sample without a value: {line[:120]!r}")
+        series = seen.get(name)
+        if series is None:
+            series = seen[name] = set()
+        elif canon in series:
+            raise DuplicateSeries(f"line {lineno}: series given twice in one page: {line[:120]!r}")
+        series.add(canon)
         samples.setdefault(name, []).append((labels, parse_value(rest[0])))
     return out
+
+
+def check_complete(text: str) -> None:
+    """Raise :class:`TruncatedPage` unless ``text`` is empty or ends with a newline (every line of
+    the text format does): a page whose last line is cut, or lacks its newline, is incomplete.
+    A page cut exactly at a line boundary cannot be told from a complete one."""
+    if text and text[-1] != "\n":
+        tail = text[text.rfind("\n") + 1 :]
+        raise TruncatedPage(f"the page does not end with a newline (last line {tail[:80]!r}): it was cut")
+
+
+def too_many_samples(text: str, limit: int) -> bool:
+    """Whether ``text`` has more than ``limit`` sample lines (not comments, not blank).
+
+    Its number of lines bounds that from above, so a page under the limit costs one C-level count."""
+    if text.count("\n") + 1 <= limit:
+        return False
+    n = 0
+    for line in text.split("\n"):
+        if line and line[0] != "#" and not line.isspace():
+            n += 1
+            if n > limit:
+                return True
+    return False
 
 
 _NAME_OK = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*\Z")

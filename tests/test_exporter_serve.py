@@ -59,11 +59,13 @@ def test_serves_canonical_then_flips_up_when_engine_stops(registry: EngineRegist
     try:
         text = scrape(addr)
         assert value(text, V.EXPORTER_UP.name, target="vllm-0", engine=V.ENGINE_VLLM) == 1.0
+        assert not has(text, V.EXPORTER_LAST_SCRAPE_ERROR.name), "an error reason is served only while down"
         assert value(text, V.REQUESTS_WAITING.name, model="tiny-llama") == 11.0
         assert has(text, V.TIME_TO_FIRST_TOKEN.name + "_bucket")
         vllm_engine.stop()
         text = scrape(addr)
         assert value(text, V.EXPORTER_UP.name, target="vllm-0") == 0.0
+        assert value(text, V.EXPORTER_LAST_SCRAPE_ERROR.name, reason=V.SCRAPE_ERROR_UNREACHABLE) == 1.0
         assert not has(text, V.REQUESTS_WAITING.name), "stale canonical series served after the engine stopped"
         assert not has(text, V.TIME_TO_FIRST_TOKEN.name + "_count")
         # the exporter itself keeps serving
@@ -110,6 +112,8 @@ def test_garbage_and_timeouts_are_down_not_fatal(
                 text = scrape(addr)
                 assert value(text, V.EXPORTER_UP.name, target="bad") == 0.0
                 assert not has(text, V.PROMPT_TOKENS.name)
+                reason = V.SCRAPE_ERROR_TIMEOUT if mode == "slow" else V.SCRAPE_ERROR_INVALID
+                assert value(text, V.EXPORTER_LAST_SCRAPE_ERROR.name, target="bad", reason=reason) == 1.0
         failures = [r for r in caplog.records if "scrape failed" in r.getMessage()]
         assert len(failures) == 1, "an error must be logged once per state change, not per scrape"
         assert ("timed out" if mode == "slow" else "did not return Prometheus text") in failures[0].getMessage()

@@ -123,7 +123,7 @@ def translate(
     """
     from inferwatch.exporters.config import engine_problems, session_options
     from inferwatch.exporters.engines import builtin_registry
-    from inferwatch.exporters.mapping import TranslateContext
+    from inferwatch.exporters.mapping import TranslateContext, check_finite_snapshot
     from inferwatch.exporters.offline import UndetectableEngine, render_with_health, resolve_adapter
     from inferwatch.exporters.textparse import ParseError
 
@@ -156,6 +156,7 @@ def translate(
             raise fail(f"cannot read engine info {info}: {exc}") from None
     try:
         snap = session.translate(text, ctx)
+        check_finite_snapshot(snap)
     except (ParseError, ValueError) as exc:
         raise fail(f"{file} is not a valid payload: {exc}") from None
     target = "stdin" if file == "-" else Path(file).name
@@ -176,13 +177,18 @@ def _serve_config(
     listen: str | None,
     model: str | None,
     options: dict[str, JsonValue],
-    timeout: float,
+    limits: dict[str, float | int | None],
 ) -> ExporterConfig:
     from inferwatch.exporters.config import ExporterConfig, TargetConfig, engine_problems, load_exporter_config
+
+    given = {name: value for name, value in limits.items() if value is not None}
 
     try:
         if config is not None:
             cfg = load_exporter_config(config, registry)
+            if given:  # flags override every target's own value
+                targets = [TargetConfig.model_validate({**t.model_dump(), **given}) for t in cfg.targets]
+                cfg = cfg.model_copy(update={"targets": targets})
             return cfg.model_copy(update={"listen": listen}) if listen else cfg
         if not target:
             raise fail("give --target URL (repeatable) or --config FILE")
@@ -190,7 +196,7 @@ def _serve_config(
         if problems:
             raise fail(_flag_problems(problems))
         targets = [
-            TargetConfig(url=url, engine=engine, model=model, timeout_seconds=timeout, options=options)
+            TargetConfig.model_validate({"url": url, "engine": engine, "model": model, "options": options, **given})
             for url in target
         ]
         return ExporterConfig(listen=listen or "127.0.0.1:9400", targets=targets)
@@ -216,13 +222,32 @@ def serve(
         str | None, typer.Option(help="Override the model label (for engines whose metrics carry none).")
     ] = None,
     engine_option: Annotated[list[str] | None, typer.Option(help=ENGINE_OPTION_HELP)] = None,
-    timeout: Annotated[float, typer.Option(help="Seconds to wait for the engine on each scrape.")] = 5.0,
+    timeout: Annotated[
+        float | None,
+        typer.Option(
+            help="Deadline in seconds of one whole scrape of an engine: connect, headers and body of every "
+            "request it makes (default 5; overrides the --config file's timeout_seconds)."
+        ),
+    ] = None,
+    max_body_bytes: Annotated[
+        int | None,
+        typer.Option(help="Largest engine response body, counted after decompression (default 32 MiB)."),
+    ] = None,
+    max_samples: Annotated[
+        int | None, typer.Option(help="Most sample lines accepted in one engine page (default 200000).")
+    ] = None,
+    grace: Annotated[
+        float, typer.Option(help="On SIGTERM or SIGINT, seconds to let the scrapes being served finish.")
+    ] = 5.0,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
 ) -> None:
     """Run the sidecar: each scrape of our /metrics scrapes the engine(s) and translates.
 
-    When an engine is down, slow or returns garbage, the up gauge is 0, no stale canonical
-    series are served, the error is logged once per change and the exporter keeps running.
+    When an engine is down, slow or returns garbage, the up gauge is 0 and the last-scrape-error
+    gauge says why; no stale canonical series are served, the error is
+    logged once per change and the exporter keeps running. A scrape of an engine never takes longer
+    than --timeout, and concurrent scrapes of one engine share its request. On SIGTERM it stops
+    listening, waits at most --grace seconds for the scrapes being served, and exits.
     """
     from inferwatch.exporters.engines import builtin_registry
     from inferwatch.exporters.server import Exporter
@@ -231,7 +256,12 @@ def serve(
     settings = load_settings()
     registry = builtin_registry()
     options = parse_engine_options(engine_option)
-    cfg = _serve_config(registry, config, target, engine, listen, model, options, timeout)
+    limits: dict[str, float | int | None] = {
+        "timeout_seconds": timeout,
+        "max_body_bytes": max_body_bytes,
+        "max_samples": max_samples,
+    }
+    cfg = _serve_config(registry, config, target, engine, listen, model, options, limits)
     exporter = Exporter(config=cfg, registry=registry, vocabulary=settings.vocabulary())
     try:
         host, port = exporter.start()
@@ -246,5 +276,6 @@ def serve(
     signal.signal(signal.SIGTERM, _handle)
     signal.signal(signal.SIGINT, _handle)
     stop.wait()
-    exporter.stop()
-    err.print("inferwatch exporter stopped")
+    err.print(f"inferwatch exporter stopping (at most {grace:g}s for the scrapes being served)")
+    drained = exporter.stop(grace)
+    err.print("inferwatch exporter stopped" + ("" if drained else "; scrapes still in flight were aborted"))

@@ -43,6 +43,7 @@ LABEL_DP_RANK: Final = "dp_rank"
 LABEL_OUTCOME: Final = "outcome"
 LABEL_METRIC: Final = "metric"
 LABEL_TARGET: Final = "target"
+LABEL_REASON: Final = "reason"
 LABEL_LE: Final = "le"
 # llm_engine_info labels (config facts an engine reveals)
 LABEL_ENGINE_VERSION: Final = "engine_version"
@@ -69,6 +70,7 @@ LABEL_ORDER: Final[tuple[str, ...]] = (
     LABEL_OUTCOME,
     LABEL_METRIC,
     LABEL_TARGET,
+    LABEL_REASON,
     *INFO_LABELS,
 )
 
@@ -84,6 +86,30 @@ OUTCOME_LENGTH: Final = "length"
 OUTCOME_ABORT: Final = "abort"
 OUTCOME_ERROR: Final = "error"
 OUTCOMES: Final[tuple[str, ...]] = (OUTCOME_STOP, OUTCOME_LENGTH, OUTCOME_ABORT, OUTCOME_ERROR)
+
+# Why a scrape of an engine failed: the ``reason`` of EXPORTER_LAST_SCRAPE_ERROR.
+SCRAPE_ERROR_TIMEOUT: Final = "timeout"
+SCRAPE_ERROR_UNREACHABLE: Final = "unreachable"
+SCRAPE_ERROR_HTTP_STATUS: Final = "http_status"
+SCRAPE_ERROR_BODY_TOO_LARGE: Final = "body_too_large"
+SCRAPE_ERROR_TOO_MANY_SAMPLES: Final = "too_many_samples"
+SCRAPE_ERROR_TRUNCATED: Final = "truncated"
+SCRAPE_ERROR_DUPLICATE_SERIES: Final = "duplicate_series"
+SCRAPE_ERROR_NON_FINITE: Final = "non_finite"
+SCRAPE_ERROR_INVALID: Final = "invalid"
+SCRAPE_ERROR_INTERNAL: Final = "internal"
+SCRAPE_ERROR_REASONS: Final[tuple[str, ...]] = (
+    SCRAPE_ERROR_TIMEOUT,
+    SCRAPE_ERROR_UNREACHABLE,
+    SCRAPE_ERROR_HTTP_STATUS,
+    SCRAPE_ERROR_BODY_TOO_LARGE,
+    SCRAPE_ERROR_TOO_MANY_SAMPLES,
+    SCRAPE_ERROR_TRUNCATED,
+    SCRAPE_ERROR_DUPLICATE_SERIES,
+    SCRAPE_ERROR_NON_FINITE,
+    SCRAPE_ERROR_INVALID,
+    SCRAPE_ERROR_INTERNAL,
+)
 
 UNKNOWN: Final = "unknown"
 TRUE: Final = "true"
@@ -387,6 +413,20 @@ EXPORTER_INEXACT_BUCKETS: Final = MetricSpec(
     labels=(LABEL_TARGET, LABEL_METRIC),
     health=True,
 )
+EXPORTER_LAST_SCRAPE_ERROR: Final = MetricSpec(
+    "exporter_last_scrape_error",
+    "llm_exporter_last_scrape_error",
+    Kind.GAUGE,
+    "",
+    "1, with the reason, while the last scrape of the engine failed (absent while it succeeds): "
+    "timeout (the whole scrape's deadline passed), unreachable (connection or protocol error), "
+    "http_status (not HTTP 200), body_too_large (over the body limit after decompression), "
+    "too_many_samples (over the sample-line limit), truncated (the page does not end with a newline), "
+    "duplicate_series (a series twice in one page), non_finite (a counter or histogram sample is NaN "
+    "or infinite), invalid (not Prometheus text, or a malformed line), internal (an exporter bug).",
+    labels=(LABEL_TARGET, LABEL_REASON),
+    health=True,
+)
 
 # The collector's self-metrics (its own health, not an engine signal).
 COLLECTOR_SPANS_RECEIVED: Final = MetricSpec(
@@ -505,6 +545,7 @@ HEALTH_METRICS: Final[tuple[MetricSpec, ...]] = (
     EXPORTER_SCRAPE_DURATION,
     EXPORTER_UNMAPPED_FAMILIES,
     EXPORTER_INEXACT_BUCKETS,
+    EXPORTER_LAST_SCRAPE_ERROR,
 )
 ALL_METRICS: Final[tuple[MetricSpec, ...]] = CANONICAL_METRICS + HEALTH_METRICS
 HISTOGRAMS: Final[tuple[MetricSpec, ...]] = tuple(m for m in CANONICAL_METRICS if m.kind is Kind.HISTOGRAM)

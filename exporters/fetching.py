@@ -1,0 +1,297 @@
+"""Requests to an engine under one deadline and a body limit, abortable from another thread.
+
+An :class:`EngineRequest` is everything one scrape (or one background poll) of a target asks the
+engine: the metrics page, the info endpoint, JSON stats. They share one :class:`Deadline`: connect,
+headers and body of every request must fit in it, not each read. The :class:`Watchdog` (one thread per
+exporter) aborts a request whose deadline passed by shutting its socket down, which wakes a read
+blocked on an engine that dribbles. Bodies are read as a stream and decompressed here, at most
+``max_body_bytes`` after decompression: a gzip bomb costs the limit, not its inflated size.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import heapq
+import itertools
+import socket
+import threading
+import time
+import zlib
+from dataclasses import dataclass
+
+import httpx
+
+from inferwatch.core import vocabulary as V
+from inferwatch.exporters.mapping import ScrapeError
+
+MAX_REDIRECTS = 5
+ACCEPT_ENCODING = "gzip"
+"""what the exporter asks for; an engine that answers ``deflate`` or ``identity`` is read too."""
+
+
+class Deadline:
+    """A point in time (``time.monotonic``) that a scrape must end by."""
+
+    __slots__ = ("at",)
+
+    def __init__(self, seconds: float) -> None:
+        self.at = time.monotonic() + seconds
+
+    def remaining(self) -> float:
+        return self.at - time.monotonic()
+
+    def expired(self) -> bool:
+        return time.monotonic() >= self.at
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one target's scrape may cost."""
+
+    timeout_seconds: float
+    """the whole scrape: every request it makes, connect to last byte."""
+    max_body_bytes: int
+    """per response body, counted after decompression."""
+
+
+class _Inflate:
+    """A bounded decoder of one ``Content-Encoding``: never returns more than it is allowed."""
+
+    def __init__(self, coding: str) -> None:
+        self.coding = coding
+        self._z: zlib._Decompress | None = None
+        if coding in ("gzip", "x-gzip"):
+            self._z = zlib.decompressobj(zlib.MAX_WBITS | 16)
+        elif coding == "deflate":
+            self._z = zlib.decompressobj(zlib.MAX_WBITS)
+            self._first = True
+        elif coding not in ("", "identity"):
+            raise ScrapeError(f"unsupported Content-Encoding {coding!r}", V.SCRAPE_ERROR_INVALID)
+
+    def decode(self, data: bytes, room: int) -> bytes:
+        """At most ``room`` bytes of output for ``data``; exactly ``room`` means more would follow."""
+        z = self._z
+        if z is None:
+            return data
+        try:
+            out = z.decompress(data, room)
+        except zlib.error:
+            if self.coding == "deflate" and self._first:
+                # some servers send raw deflate without the zlib wrapper
+                self._z = zlib.decompressobj(-zlib.MAX_WBITS)
+                self._first = False
+                return self.decode(data, room)
+            raise ScrapeError(f"the {self.coding} body is corrupt", V.SCRAPE_ERROR_INVALID) from None
+        if self.coding == "deflate":
+            self._first = False
+        return out
+
+    @property
+    def identity(self) -> bool:
+        return self._z is None
+
+    def flush(self) -> bytes:
+        return self._z.flush() if self._z is not None else b""
+
+
+def _socket_of(response: httpx.Response) -> socket.socket | None:
+    stream = response.extensions.get("network_stream")
+    get_extra = getattr(stream, "get_extra_info", None)
+    sock = get_extra("socket") if get_extra is not None else None
+    return sock if isinstance(sock, socket.socket) else None
+
+
+class EngineRequest:
+    """The requests of one scrape or poll of a target (see the module docstring); thread-safe abort."""
+
+    def __init__(self, client: httpx.Client, base: str, limits: Limits) -> None:
+        self.client = client
+        self.base = base
+        self.limits = limits
+        self.deadline = Deadline(limits.timeout_seconds)
+        self._lock = threading.Lock()
+        self._sockets: set[socket.socket] = set()
+        self.aborted = False
+        self.finished = False
+
+    # -- thread-safe control ------------------------------------------------------------------
+    def abort(self) -> None:
+        """Stop whatever the request is doing: a blocked read returns at once."""
+        with self._lock:
+            if self.finished:
+                return
+            self.aborted = True
+            sockets = list(self._sockets)
+        for sock in sockets:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    def finish(self) -> None:
+        with self._lock:
+            self.finished = True
+            self._sockets.clear()
+
+    def _track(self, sock: socket.socket | None, on: bool) -> None:
+        if sock is None:
+            return
+        with self._lock:
+            if on:
+                self._sockets.add(sock)
+            else:
+                self._sockets.discard(sock)
+            aborted = self.aborted
+        if on and aborted:
+            self.abort()
+
+    def _timeout_error(self, what: str) -> ScrapeError:
+        return ScrapeError(
+            f"timed out: the {self.limits.timeout_seconds:g}s deadline of the scrape passed {what}",
+            V.SCRAPE_ERROR_TIMEOUT,
+        )
+
+    def _check(self, what: str) -> float:
+        remaining = self.deadline.remaining()
+        if self.aborted or remaining <= 0:
+            raise self._timeout_error(what)
+        return remaining
+
+    # -- the Fetch interface sessions use -----------------------------------------------------
+    def fetch(self, path: str, *, allow_404: bool = False) -> str:
+        """GET ``path`` of the target's base URL (:class:`~inferwatch.exporters.mapping.Fetch`)."""
+        return self.get(self.base + path, allow_404=allow_404)
+
+    def get(self, url: str, *, allow_404: bool = False, budget: float | None = None) -> str:
+        """The body of ``url`` as text; ``""`` for an HTTP 404 when ``allow_404``. ``budget`` caps the
+        seconds this one call may take (within the deadline). Failures raise ScrapeError."""
+        try:
+            return self._get(url, allow_404, budget)
+        except ScrapeError:
+            raise
+        except Exception:
+            # a read cut by abort() may surface as anything (a shut TLS socket raises ValueError)
+            if self.aborted or self.deadline.expired():
+                raise self._timeout_error(f"fetching {url}") from None
+            raise
+
+    def _get(self, url: str, allow_404: bool, budget: float | None) -> str:
+        for _ in range(MAX_REDIRECTS + 1):
+            remaining = self._check(f"before fetching {url}")
+            if budget is not None:
+                remaining = min(remaining, budget)
+            try:
+                request = self.client.build_request(
+                    "GET", url, headers={"Accept-Encoding": ACCEPT_ENCODING}, timeout=httpx.Timeout(remaining)
+                )
+                response = self.client.send(request, stream=True, follow_redirects=False)
+            except httpx.TimeoutException:
+                raise self._timeout_error(f"waiting for {url}") from None
+            except (httpx.HTTPError, OSError) as exc:
+                if self.aborted:
+                    raise self._timeout_error(f"waiting for {url}") from None
+                raise ScrapeError(
+                    f"cannot fetch {url}: {exc.__class__.__name__}: {exc}", V.SCRAPE_ERROR_UNREACHABLE
+                ) from None
+            sock = _socket_of(response)
+            self._track(sock, True)
+            try:
+                if response.next_request is not None:  # a redirect: its body is never read
+                    url = str(response.next_request.url)
+                    continue
+                if allow_404 and response.status_code == 404:
+                    return ""
+                if response.status_code != 200:
+                    raise ScrapeError(f"{url} answered HTTP {response.status_code}", V.SCRAPE_ERROR_HTTP_STATUS)
+                return self._read(response, url, time.monotonic() + remaining)
+            finally:
+                self._track(sock, False)
+                with contextlib.suppress(Exception):  # closing a connection cut by abort() may complain
+                    response.close()
+        raise ScrapeError(f"more than {MAX_REDIRECTS} redirects from {url}", V.SCRAPE_ERROR_HTTP_STATUS)
+
+    def _read(self, response: httpx.Response, url: str, until: float) -> str:
+        limit = self.limits.max_body_bytes
+        coding = response.headers.get("content-encoding", "").strip().lower()
+        decoder = _Inflate(coding)
+        declared = response.headers.get("content-length", "")
+        if decoder.identity and declared.isdigit() and int(declared) > limit:
+            raise self._too_large(url)
+        parts: list[bytes] = []
+        size = 0
+        try:
+            for chunk in response.iter_raw():
+                if self.aborted or time.monotonic() >= until:
+                    raise self._timeout_error(f"reading the body of {url}")
+                data = decoder.decode(chunk, limit - size + 1)
+                size += len(data)
+                if size > limit:
+                    raise self._too_large(url)
+                parts.append(data)
+            tail = decoder.flush()
+        except httpx.TimeoutException:
+            raise self._timeout_error(f"reading the body of {url}") from None
+        except (httpx.HTTPError, OSError) as exc:
+            if self.aborted or time.monotonic() >= until:
+                raise self._timeout_error(f"reading the body of {url}") from None
+            if isinstance(exc, httpx.RemoteProtocolError):
+                raise ScrapeError(f"the body of {url} was cut: {exc}", V.SCRAPE_ERROR_TRUNCATED) from None
+            raise ScrapeError(
+                f"reading {url} failed: {exc.__class__.__name__}: {exc}", V.SCRAPE_ERROR_UNREACHABLE
+            ) from None
+        if size + len(tail) > limit:
+            raise self._too_large(url)
+        parts.append(tail)
+        return b"".join(parts).decode(response.charset_encoding or "utf-8", errors="replace")
+
+    def _too_large(self, url: str) -> ScrapeError:
+        return ScrapeError(
+            f"the body of {url} exceeds {self.limits.max_body_bytes} bytes (after decompression)",
+            V.SCRAPE_ERROR_BODY_TOO_LARGE,
+        )
+
+
+class Watchdog:
+    """Aborts every watched :class:`EngineRequest` whose deadline passed (one thread, started lazily)."""
+
+    def __init__(self) -> None:
+        self._clock = time.monotonic
+        self._cond = threading.Condition()
+        self._heap: list[tuple[float, int, EngineRequest]] = []
+        self._seq = itertools.count()
+        self._thread: threading.Thread | None = None
+        self._stopped = False
+
+    def watch(self, request: EngineRequest) -> EngineRequest:
+        with self._cond:
+            heapq.heappush(self._heap, (request.deadline.at, next(self._seq), request))
+            if self._thread is None and not self._stopped:
+                self._thread = threading.Thread(target=self._run, name="scrape-watchdog", daemon=True)
+                self._thread.start()
+            self._cond.notify()
+        return request
+
+    def live(self) -> list[EngineRequest]:
+        """Watched requests that have not finished."""
+        with self._cond:
+            return [r for _, _, r in self._heap if not r.finished]
+
+    def abort_all(self) -> None:
+        for request in self.live():
+            request.abort()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopped = True
+            self._cond.notify()
+        if self._thread is not None:
+            self._thread.join(timeout=2)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._stopped and (not self._heap or self._heap[0][0] > self._clock()):
+                    timeout = self._heap[0][0] - self._clock() if self._heap else None
+                    self._cond.wait(timeout)
+                if self._stopped:
+                    return
+                _, _, request = heapq.heappop(self._heap)
+            request.abort()

@@ -18,6 +18,7 @@ from inferwatch.dashboards import promql as P
 
 SCHEMA_VERSION = 39
 REFRESH_ON_TIME_RANGE_CHANGE = 2
+STACKED_FILL_OPACITY = 25
 
 PROMETHEUS_REF: dict[str, str] = {"type": M.PROMETHEUS_TYPE, "uid": f"${{{P.VAR_DATASOURCE}}}"}
 POSTGRES_REF: dict[str, str] = {"type": M.POSTGRES_TYPE, "uid": f"${{{P.VAR_SQL_DATASOURCE}}}"}
@@ -84,7 +85,19 @@ def _field_defaults(panel: M.Panel) -> dict[str, Any]:
         defaults["min"] = panel.min
     if panel.max is not None:
         defaults["max"] = panel.max
+    if panel.no_value:
+        defaults["noValue"] = panel.no_value
     return defaults
+
+
+def _table_transformations(panel: M.Panel) -> list[Any]:
+    """Join the instant queries of a Prometheus table on their labels; each value column takes its
+    query's legend as its name (Grafana calls them ``Value #A``, ``Value #B``… when there are several)."""
+    rename = {f"Value #{_REF_IDS[i]}": q.legend for i, q in enumerate(panel.queries)} if len(panel.queries) > 1 else {}
+    organize: dict[str, Any] = {"excludeByName": {"Time": True}}
+    if rename:
+        organize["renameByName"] = rename
+    return [{"id": "merge", "options": {}}, {"id": "organize", "options": organize}]
 
 
 def _panel(panel: M.Panel, pos: M.Placed, panel_id: int) -> Any:
@@ -98,23 +111,21 @@ def _panel(panel: M.Panel, pos: M.Placed, panel_id: int) -> Any:
     }
     extra: dict[str, Any] = {"fieldConfig": {"defaults": _field_defaults(panel)}}
     if panel.kind == M.TIMESERIES:
+        stacking = {"mode": "normal", "group": "A"} if panel.stacked else {}
         return G.TimeSeries(
             unit=panel.unit,
             legendDisplayMode="list",
             legendPlacement="bottom",
             tooltipMode="multi",
+            stacking=stacking,
+            fillOpacity=STACKED_FILL_OPACITY if panel.stacked else 0,
             extraJson=extra,
             **common,
         )
     if panel.kind == M.STAT:
         return G.Stat(format=panel.unit, reduceCalc="lastNotNull", graphMode="none", extraJson=extra, **common)
     if panel.kind == M.TABLE:
-        transformations: list[Any] = []
-        if not panel.sql:
-            transformations = [
-                {"id": "merge", "options": {}},
-                {"id": "organize", "options": {"excludeByName": {"Time": True}}},
-            ]
+        transformations: list[Any] = [] if panel.sql else _table_transformations(panel)
         return G.Table(
             unit=panel.unit,
             overrides=_overrides(panel),

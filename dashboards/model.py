@@ -42,6 +42,9 @@ UNIT_COUNT = "short"
 UNIT_NONE = "none"
 UNIT_UP = "bool_yes_no"
 
+NO_DATA_YET = "No data yet for this selection and time range."
+"""what an empty panel says when every engine could answer it."""
+
 
 @dataclass(frozen=True)
 class Query:
@@ -55,6 +58,13 @@ class Query:
     """the result keeps the ``engine`` label: every engine that maps all ``metrics`` appears in it."""
     kind: str = TIMESERIES
     """``timeseries`` (range query), ``stat`` or ``table`` (instant), ``heatmap`` (bucket series)."""
+    labels: tuple[str, ...] = ()
+    """canonical labels beyond ``engine`` and ``model`` that the expression selects on (``dp_rank``): an
+    engine whose series do not carry one of them answers nothing."""
+
+    def bucket_metrics(self) -> tuple[V.MetricSpec, ...]:
+        """The histograms whose buckets the expression reads (percentiles, distributions)."""
+        return tuple(m for m in self.metrics if m.kind is V.Kind.HISTOGRAM and f"{m.name}_bucket" in self.expr)
 
 
 @dataclass(frozen=True)
@@ -83,6 +93,15 @@ class Panel:
     """(column or series name, unit) overrides of a table."""
     min: float | None = None
     max: float | None = None
+    stacked: bool = False
+    """a time series whose series are stacked (shares, phases that add up)."""
+    signals: tuple[V.MetricSpec, ...] = ()
+    """the canonical metrics behind queries of recording rules (whose ``metrics`` are empty)."""
+    idle: str = ""
+    """what an empty panel means when no engine gap explains it (default :data:`NO_DATA_YET`)."""
+    no_value: str = ""
+    """Grafana's text for an empty panel (``fieldConfig.defaults.noValue``), filled from the engine
+    profiles by :func:`inferwatch.dashboards.coverage.annotate`."""
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ only, so one dashboard serves vLLM, TGI, TensorRT-LLM and Triton alike. Conventi
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 
 from inferwatch.core import links
@@ -35,9 +36,16 @@ EMI = (V.LABEL_ENGINE, V.LABEL_MODEL, INSTANCE_LABEL)
 
 
 def selector(
-    *, engine: bool = True, model: bool = True, instance: bool = True, matchers: Mapping[str, str] | None = None
+    *,
+    engine: bool = True,
+    model: bool = True,
+    instance: bool = True,
+    matchers: Mapping[str, str] | None = None,
+    present: Iterable[str] = (),
+    excluded: Mapping[str, str] | None = None,
 ) -> str:
-    """``{engine=~"$engine", model=~"$model", instance=~"$instance"}`` plus exact matchers."""
+    """``{engine=~"$engine", model=~"$model", instance=~"$instance"}`` plus exact matchers, ``label!=""``
+    for every label that must be ``present`` and ``label!="value"`` for every ``excluded`` value."""
     parts = []
     if engine:
         parts.append(f'{V.LABEL_ENGINE}=~"${VAR_ENGINE}"')
@@ -46,6 +54,8 @@ def selector(
     if instance:
         parts.append(f'{INSTANCE_LABEL}=~"${VAR_INSTANCE}"')
     parts += [f'{k}="{v}"' for k, v in (matchers or {}).items()]
+    parts += [f'{k}!=""' for k in present]
+    parts += [f'{k}!="{v}"' for k, v in (excluded or {}).items()]
     return "{" + ", ".join(parts) + "}"
 
 
@@ -68,9 +78,44 @@ def sum_rate(metric: V.MetricSpec, by: tuple[str, ...] = EM, **extra: str) -> st
     return f"sum by ({label_list(by)}) ({rate(metric, **extra)})"
 
 
+def increase(metric: V.MetricSpec, suffix: str = "", **extra: str) -> str:
+    """The increase over the whole time range (``[$__range]``, for instant queries only)."""
+    return f"increase({metric.name}{suffix}{selector(matchers=extra)}[{RANGE}])"
+
+
+def sum_increase(metric: V.MetricSpec, by: tuple[str, ...] = EM, **extra: str) -> str:
+    return f"sum by ({label_list(by)}) ({increase(metric, **extra)})"
+
+
+def positive(expr: str) -> str:
+    """``(expr > 0)``: a denominator without its zero series (idle series drop out instead of NaN)."""
+    return f"({expr} > 0)"
+
+
+def mean(metric: V.MetricSpec, by: tuple[str, ...] = EM) -> str:
+    """The mean observation of a histogram: rate of its sum over rate of its count."""
+    groups = label_list(by)
+    count = f"sum by ({groups}) ({rate(metric, '_count')})"
+    return f"sum by ({groups}) ({rate(metric, '_sum')}) / {positive(count)}"
+
+
+def share(part: str, whole: str, over: Iterable[str]) -> str:
+    """``part / whole`` where ``part`` has the extra labels ``over`` (each part's share of its whole)."""
+    return f"{part} / ignoring ({label_list(over)}) group_left () {positive(whole)}"
+
+
 def quantile(metric: V.MetricSpec, q: float, by: tuple[str, ...] = EM, window: str = RATE_INTERVAL) -> str:
+    """``histogram_quantile`` over the canonical buckets; ``>= 0`` drops NaN (no observation in the window,
+    or a histogram without finite buckets), so that an empty panel says why instead of drawing nothing."""
     inner = f"increase({metric.name}_bucket{selector()}[{window}])" if window == RANGE else rate(metric, "_bucket")
-    return f"histogram_quantile({q}, sum by ({label_list(('le', *by))}) ({inner}))"
+    return f"histogram_quantile({q}, sum by ({label_list((V.LABEL_LE, *by))}) ({inner})) >= 0"
+
+
+def bucket_rates(metric: V.MetricSpec) -> str:
+    """Observations per second in each bucket over the selection, for a heatmap. Instances whose histogram
+    has no finite bucket (sum and count only) are left out rather than drawn as one ``+Inf`` band."""
+    finite = f"rate({metric.name}_bucket{selector(excluded={V.LABEL_LE: V.format_le(math.inf)})}[{RATE_INTERVAL}])"
+    return f"sum by ({V.LABEL_LE}) ({rate(metric, '_bucket')} and on ({label_list(EMI)}) {finite})"
 
 
 def percentile_queries(
@@ -82,8 +127,13 @@ def percentile_queries(
     )
 
 
-def gauge(metric: V.MetricSpec, agg: str = "sum", by: tuple[str, ...] = EM) -> str:
-    return f"{agg} by ({label_list(by)}) ({metric.name}{selector()})"
+def gauge(metric: V.MetricSpec, agg: str = "sum", by: tuple[str, ...] = EM, present: Iterable[str] = ()) -> str:
+    return f"{agg} by ({label_list(by)}) ({metric.name}{selector(present=present)})"
+
+
+def instance_count(metric: V.MetricSpec, by: tuple[str, ...] = EM) -> str:
+    """How many instances report ``metric`` per ``by`` group (data-parallel ranks count once)."""
+    return f"count by ({label_list(by)}) (group by ({label_list((*by, INSTANCE_LABEL))}) ({metric.name}{selector()}))"
 
 
 def describe(what: str, *metrics: V.MetricSpec) -> str:

@@ -2,23 +2,35 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from inferwatch.core import vocabulary as V
+from inferwatch.core.engines import builtin_profiles
+from inferwatch.core.engines.profile import EngineProfile
 from inferwatch.core.slo import SLOFile
 from inferwatch.dashboards.boards import engine, fleet, kv_cache, requests, slos
+from inferwatch.dashboards.coverage import annotate
 from inferwatch.dashboards.model import DashboardSpec, Query
 
 UIDS = (fleet.UID, slos.UID, engine.UID, kv_cache.UID, requests.UID)
 """every dashboard's uid, in order (the SLO dashboard only with an SLO file)."""
 
 
-def dashboards(spec: SLOFile | None, vocabulary: V.Vocabulary) -> list[DashboardSpec]:
-    """The inferwatch dashboards; the SLO dashboard only with an SLO file."""
+def dashboards(
+    spec: SLOFile | None, vocabulary: V.Vocabulary, profiles: Mapping[str, EngineProfile] | None = None
+) -> list[DashboardSpec]:
+    """The inferwatch dashboards; the SLO dashboard only with an SLO file.
+
+    Every panel says in Grafana why it is empty for an engine: the reasons of ``profiles`` (the
+    built-in engine profiles by default), see :mod:`inferwatch.dashboards.coverage`.
+    """
     del vocabulary  # percentiles read whatever buckets the layout has; kept for a uniform signature
     out = [fleet.board()]
     if spec is not None:
         out.append(slos.board(spec))
     out += [engine.board(), kv_cache.board(), requests.board()]
-    return out
+    known = builtin_profiles() if profiles is None else profiles
+    return [annotate(board, known) for board in out]
 
 
 def all_queries(spec: SLOFile | None, vocabulary: V.Vocabulary) -> list[tuple[str, str, Query]]:

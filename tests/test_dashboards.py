@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 import subprocess
@@ -13,13 +14,17 @@ import pytest
 import yaml
 
 from inferwatch.core import vocabulary as V
+from inferwatch.core.engines import builtin_profiles
 from inferwatch.core.slo import SLOFile, alert_windows, load
 from inferwatch.dashboards import model as M
 from inferwatch.dashboards import promql as P
 from inferwatch.dashboards.boards import requests, slos
+from inferwatch.dashboards.coverage import SQL_NO_DATA
 from inferwatch.dashboards.generate import DASHBOARDS_PROVIDER_FILE, DATASOURCES_FILE, generate
 from inferwatch.dashboards.registry import UIDS, all_queries, dashboards
 from inferwatch.dashboards.sketch import sketches, wrap
+from inferwatch.exporters.coverage import matrix as coverage_matrix
+from inferwatch.exporters.engines import builtin_registry
 from tests.conftest import ROOT, require_tool
 
 GENERATED = ROOT / "dashboards" / "generated"
@@ -225,10 +230,15 @@ def test_counters_only_inside_rate(spec: SLOFile) -> None:
                     assert re.search(r"(rate|increase)\($", before), (uid, title, query.expr)
 
 
-def test_no_raw_engine_metric_names(files: dict[str, str]) -> None:
-    for path, text in files.items():
-        for prefix in RAW_ENGINE_PREFIXES:
-            assert prefix not in text, f"{path} contains {prefix!r}"
+def test_no_raw_engine_metric_names(boards: dict[str, dict[str, Any]]) -> None:
+    """Queries read canonical series only (the coverage reasons in "no value" texts and descriptions
+    may name an engine's own metrics: they explain why a signal is missing)."""
+    for path, board in boards.items():
+        queries = [t.get("expr") or t.get("rawSql") or "" for p in _data_panels(board) for t in p.get("targets", [])]
+        queries += [v["query"] for v in _variables(board).values() if v["type"] == "query"]
+        for query in queries:
+            for prefix in RAW_ENGINE_PREFIXES:
+                assert prefix not in query, f"{path} queries {prefix!r}: {query}"
 
 
 def test_query_metrics_are_the_names_in_the_expression(spec: SLOFile) -> None:
@@ -304,6 +314,128 @@ def test_layout_wraps_and_rows_start_lines() -> None:
 def test_wrap() -> None:
     assert wrap("a bb ccc", 4) == ["a bb", "ccc"]
     assert wrap("abcdefgh", 3) == ["abc", "def", "gh"]
+
+
+def test_multi_query_tables_name_their_columns(spec: SLOFile, boards: dict[str, dict[str, Any]]) -> None:
+    """Each instant query of a Prometheus table is one column, named by its legend; units match the names."""
+    for board in dashboards(spec, V.Vocabulary()):
+        panels = {p["title"]: p for p in _data_panels(boards[f"{board.uid}.json"])}
+        for panel in board.all_panels():
+            if panel.kind != M.TABLE or panel.sql or len(panel.queries) < 2:
+                continue
+            organize = next(t for t in panels[panel.title]["transformations"] if t["id"] == "organize")
+            renamed = organize["options"]["renameByName"]
+            assert sorted(renamed) == [f"Value #{t['refId']}" for t in panels[panel.title]["targets"]]
+            assert list(renamed.values()) == [q.legend for q in panel.queries]
+            assert {name for name, _ in panel.column_units} <= set(renamed.values()), panel.title
+
+
+# --- coverage: an empty panel says why, in Grafana ------------------------------------------------
+def exporter_bucketless() -> dict[str, set[str]]:
+    """engine -> canonical histograms its exporter fills from a sum and a count only (no buckets)."""
+    out: dict[str, set[str]] = {}
+    for adapter in builtin_registry():
+        rows = (*adapter.rows, *adapter.hook_rows)
+        out[adapter.name] = {r.metric.key for r in rows if r.sum_only} - {r.metric.key for r in rows if not r.sum_only}
+    return out
+
+
+def test_profiles_know_which_histograms_have_no_buckets() -> None:
+    """The engine profiles' bucketless histograms are exactly those the exporters map from sum and count."""
+    profiles = builtin_profiles()
+    assert {e: set(profiles[e].bucketless) for e in V.ENGINES} == exporter_bucketless()
+
+
+def _expected_gaps(query: M.Query) -> dict[str, set[str]]:
+    """engine -> reasons it answers ``query`` with nothing: the coverage matrix (exporters' view), the
+    histograms its exporter maps without buckets, and the labels the engine's series lack."""
+    matrix = coverage_matrix(builtin_registry())
+    bucketless = exporter_bucketless()
+    profiles = builtin_profiles()
+    out: dict[str, set[str]] = {}
+    for engine in V.ENGINES:
+        profile = profiles[engine]
+        reasons = {
+            matrix[engine][m.key].removeprefix("unsupported: ")
+            for m in query.metrics
+            if matrix[engine].get(m.key, "").startswith("unsupported: ")
+        }
+        reasons |= {profile.unlabelled[label] for label in query.labels if label in profile.unlabelled}
+        reasons |= {
+            profile.bucketless[m.key]
+            for m in query.metrics
+            if m.key in bucketless[engine] and f"{m.name}_bucket" in query.expr
+        }
+        if reasons:
+            out[engine] = reasons
+    return out
+
+
+def test_every_data_panel_says_why_it_is_empty(spec: SLOFile, boards: dict[str, dict[str, Any]]) -> None:
+    """fieldConfig.defaults.noValue names every engine that leaves the panel empty, with the coverage
+    matrix's reason, and otherwise says "no data yet": the two are never the same text."""
+    profiles = builtin_profiles()
+    for board in dashboards(spec, V.Vocabulary()):
+        rendered = {p["title"]: p for p in _data_panels(boards[f"{board.uid}.json"])}
+        for panel in board.all_panels():
+            if panel.kind == M.TEXT:
+                continue
+            text = rendered[panel.title]["fieldConfig"]["defaults"].get("noValue")
+            assert text, (board.uid, panel.title)
+            needs = [_expected_gaps(q) for q in panel.queries if q.metrics or q.labels]
+            if panel.signals:  # recording rules: a latency SLO's read the histogram's buckets
+                reads = " ".join(f"{m.name}_bucket" for m in panel.signals)
+                needs.append(_expected_gaps(M.Query(reads, "", panel.signals, False)))
+            empty_for = {e for e in V.ENGINES if needs and all(e in gaps for gaps in needs)}
+            for engine in V.ENGINES:
+                mention = f"Not exposed by {profiles[engine].title}:"
+                if engine in empty_for:
+                    assert mention in text, (board.uid, panel.title, engine)
+                    for reason in set().union(*(gaps[engine] for gaps in needs)):
+                        assert reason in text, (board.uid, panel.title, engine, reason)
+                else:
+                    assert mention not in text, (board.uid, panel.title, engine)
+            if not empty_for:
+                assert "Not exposed by" not in text
+            idle = panel.idle or (SQL_NO_DATA if panel.sql else M.NO_DATA_YET)
+            assert text.lower().endswith(idle.lower()), (board.uid, panel.title, text)
+            if empty_for:
+                assert "Not exposed by" in text.split("Any other engine:")[0]
+
+
+def test_partly_empty_panels_say_so_in_the_description(spec: SLOFile) -> None:
+    profiles = builtin_profiles()
+    seen = 0
+    for board in dashboards(spec, V.Vocabulary()):
+        for panel in board.all_panels():
+            gaps = [_expected_gaps(q) for q in panel.queries if q.metrics or q.labels]
+            for engine in V.ENGINES:
+                hit = [engine in g for g in gaps]
+                if any(hit) and not all(hit):
+                    seen += 1
+                    assert f"Partly empty for {profiles[engine].title}:" in panel.description, (panel.title, engine)
+    assert seen, "no panel is partly empty for an engine: the check proves nothing"
+
+
+def test_dashboard_code_names_no_engine() -> None:
+    """Generic dashboard code learns about engines from the core's profiles only: no string in it (but
+    docstrings) spells an engine's name."""
+    names = {n.lower() for n in V.ENGINES}
+    word = re.compile(r"[a-z0-9]+")
+    for path in sorted((ROOT / "dashboards").rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        docstrings = {
+            id(node.body[0].value)
+            for node in ast.walk(tree)
+            if isinstance(node, (ast.Module, ast.FunctionDef, ast.ClassDef))
+            and node.body
+            and isinstance(node.body[0], ast.Expr)
+            and isinstance(node.body[0].value, ast.Constant)
+        }
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+                found = names & set(word.findall(node.value.lower()))
+                assert not found, f"{path.relative_to(ROOT)}:{node.lineno} names {sorted(found)}"
 
 
 # --- PromQL validity: every expression through real promtool --------------------------------------

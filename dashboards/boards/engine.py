@@ -1,4 +1,5 @@
-"""LLM Engine Detail: request phases, caches, speculative decoding, configuration and request lengths."""
+"""LLM Engine Detail: request phases, latency distributions, batching, caches, speculative decoding,
+configuration and request lengths."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from inferwatch.dashboards.model import (
     UNIT_REQUESTS,
     UNIT_SECONDS,
     UNIT_TOKENS,
+    UNIT_TOKENS_PER_S,
     DashboardSpec,
     Panel,
     Query,
@@ -22,12 +24,17 @@ from inferwatch.dashboards.model import (
 from inferwatch.dashboards.promql import (
     EM,
     EMI,
+    RATE_INTERVAL,
+    bucket_rates,
     describe,
     gauge,
+    label_list,
     legend_format,
+    mean,
     percentile_queries,
+    positive,
     prom_variables,
-    rate,
+    selector,
     sum_rate,
 )
 
@@ -35,31 +42,52 @@ UID = links.UID_ENGINE
 """stable: Grafana upserts provisioned dashboards by uid."""
 
 
-def _ratio_panel(title: str, what: str, num: V.MetricSpec, den: V.MetricSpec) -> Panel:
-    """A half-width 0–1 time series of ``rate(num) / rate(den)`` per engine and model."""
+def _ratio_panel(title: str, what: str, num: V.MetricSpec, den: V.MetricSpec, width: int = 12) -> Panel:
+    """A 0–1 time series of ``rate(num) / rate(den)`` per engine and model."""
     return Panel(
         title,
         describe(what, num, den),
         UNIT_RATIO,
-        (Query(f"{sum_rate(num)} / {sum_rate(den)}", legend_format(EM), (num, den), True),),
+        (Query(f"{sum_rate(num)} / {positive(sum_rate(den))}", legend_format(EM), (num, den), True),),
         TIMESERIES,
-        12,
+        width,
         8,
         min=0,
         max=1,
     )
 
 
+def _heatmap(title: str, what: str, metric: V.MetricSpec, unit: str) -> Panel:
+    """Requests (or outputs) per second in each canonical bucket of ``metric``, over the selection."""
+    return Panel(
+        title,
+        describe(what, metric),
+        unit,
+        (Query(bucket_rates(metric), "{{le}}", (metric,), False, HEATMAP),),
+        HEATMAP,
+        12,
+        8,
+    )
+
+
+SPEC_DECODE_IDLE = (
+    "No data yet for this selection and time range; an engine that counts speculative tokens reports them "
+    "only while speculative decoding is enabled."
+)
+
+
 def board() -> DashboardSpec:
-    """One engine in detail: request phases, caches, engine info and request lengths."""
+    """One engine in detail: request phases, latency distributions, batching, caches, engine info and
+    request lengths."""
     phases = (
-        ("Queue time", V.REQUEST_QUEUE),
-        ("Prefill time", V.REQUEST_PREFILL),
-        ("Decode time", V.REQUEST_DECODE),
+        ("Queue time", "queue", V.REQUEST_QUEUE),
+        ("Prefill time", "prefill", V.REQUEST_PREFILL),
+        ("Decode time", "decode", V.REQUEST_DECODE),
     )
     info_by = (*EMI, *V.INFO_LABELS)
+    running = f"sum by ({label_list(EM)}) (avg_over_time({V.REQUESTS_RUNNING.name}{selector()}[{RATE_INTERVAL}]))"
     panels: list[Panel | Row] = [Row("Request phases")]
-    for title, metric in phases:
+    for title, _, metric in phases:
         panels.append(
             Panel(
                 f"{title} p50/p90/p99",
@@ -72,6 +100,20 @@ def board() -> DashboardSpec:
             )
         )
     panels += [
+        Panel(
+            "Mean time per phase (stacked)",
+            describe(
+                "Where the average request spends its time: queue, prefill and decode means stacked per engine "
+                "and model (together about the end-to-end latency); select one engine and model for one stack",
+                *(metric for _, _, metric in phases),
+            ),
+            UNIT_SECONDS,
+            tuple(Query(mean(metric), legend_format(EM, name), (metric,), True) for _, name, metric in phases),
+            TIMESERIES,
+            12,
+            8,
+            stacked=True,
+        ),
         Panel(
             "TTFT vs inter-token latency",
             describe(
@@ -88,11 +130,58 @@ def board() -> DashboardSpec:
             12,
             8,
         ),
+        Row("Latency distributions"),
+        _heatmap(
+            "Time to first token distribution",
+            "Requests per second in each TTFT bucket: bands show multi-modal latency that percentiles hide",
+            V.TIME_TO_FIRST_TOKEN,
+            UNIT_SECONDS,
+        ),
+        _heatmap(
+            "End-to-end latency distribution",
+            "Requests per second in each request-duration bucket",
+            V.REQUEST_DURATION,
+            UNIT_SECONDS,
+        ),
+        _heatmap(
+            "Inter-token latency distribution",
+            "Outputs per second in each inter-token-latency bucket (one observation per output)",
+            V.INTER_TOKEN_LATENCY,
+            UNIT_SECONDS,
+        ),
+        _heatmap(
+            "Time per output token distribution",
+            "Requests per second in each time-per-output-token bucket (one observation per request)",
+            V.TIME_PER_OUTPUT_TOKEN,
+            UNIT_SECONDS,
+        ),
+        Row("Batching"),
         Panel(
             "Batch size (running requests)",
             describe("Requests in the running batch per instance", V.REQUESTS_RUNNING),
             UNIT_REQUESTS,
             (Query(gauge(V.REQUESTS_RUNNING, by=EMI), legend_format(EMI), (V.REQUESTS_RUNNING,), True),),
+            TIMESERIES,
+            12,
+            8,
+        ),
+        Panel(
+            "Output tokens/s per running request",
+            describe(
+                "Generated tokens per second divided by the average running batch: the decode speed one "
+                "request sees; it falls as the batch grows",
+                V.GENERATION_TOKENS,
+                V.REQUESTS_RUNNING,
+            ),
+            UNIT_TOKENS_PER_S,
+            (
+                Query(
+                    f"{sum_rate(V.GENERATION_TOKENS)} / {positive(running)}",
+                    legend_format(EM),
+                    (V.GENERATION_TOKENS, V.REQUESTS_RUNNING),
+                    True,
+                ),
+            ),
             TIMESERIES,
             12,
             8,
@@ -104,11 +193,106 @@ def board() -> DashboardSpec:
             V.PREFIX_CACHE_HIT_TOKENS,
             V.PREFIX_CACHE_QUERIED_TOKENS,
         ),
-        _ratio_panel(
+        Panel(
+            "Prompt tokens computed vs from the prefix cache",
+            describe(
+                "Prompt tokens per second that prefill computed (prompt tokens minus prefix-cache hits) and "
+                "those served from the prefix cache, stacked to the prompt tokens per second",
+                V.PROMPT_TOKENS,
+                V.PREFIX_CACHE_HIT_TOKENS,
+            ),
+            UNIT_TOKENS_PER_S,
+            (
+                Query(
+                    f"clamp_min({sum_rate(V.PROMPT_TOKENS)} - {sum_rate(V.PREFIX_CACHE_HIT_TOKENS)}, 0)",
+                    legend_format(EM, "computed"),
+                    (V.PROMPT_TOKENS, V.PREFIX_CACHE_HIT_TOKENS),
+                    True,
+                ),
+                Query(
+                    sum_rate(V.PREFIX_CACHE_HIT_TOKENS),
+                    legend_format(EM, "prefix cache"),
+                    (V.PREFIX_CACHE_HIT_TOKENS,),
+                    True,
+                ),
+            ),
+            TIMESERIES,
+            12,
+            8,
+            stacked=True,
+        ),
+        Panel(
             "Speculative-decoding acceptance rate",
-            "Draft tokens accepted by the target model over draft tokens proposed",
-            V.SPEC_DECODE_ACCEPTED_TOKENS,
-            V.SPEC_DECODE_DRAFT_TOKENS,
+            describe(
+                "Draft tokens accepted by the target model over draft tokens proposed",
+                V.SPEC_DECODE_ACCEPTED_TOKENS,
+                V.SPEC_DECODE_DRAFT_TOKENS,
+            ),
+            UNIT_RATIO,
+            (
+                Query(
+                    f"{sum_rate(V.SPEC_DECODE_ACCEPTED_TOKENS)} / {positive(sum_rate(V.SPEC_DECODE_DRAFT_TOKENS))}",
+                    legend_format(EM),
+                    (V.SPEC_DECODE_ACCEPTED_TOKENS, V.SPEC_DECODE_DRAFT_TOKENS),
+                    True,
+                ),
+            ),
+            TIMESERIES,
+            8,
+            8,
+            min=0,
+            max=1,
+            idle=SPEC_DECODE_IDLE,
+        ),
+        Panel(
+            "Speculative tokens/s: drafted vs accepted",
+            describe(
+                "Draft tokens proposed and accepted per second: the gap is rejected draft work",
+                V.SPEC_DECODE_DRAFT_TOKENS,
+                V.SPEC_DECODE_ACCEPTED_TOKENS,
+            ),
+            UNIT_TOKENS_PER_S,
+            (
+                Query(
+                    sum_rate(V.SPEC_DECODE_DRAFT_TOKENS),
+                    legend_format(EM, "drafted"),
+                    (V.SPEC_DECODE_DRAFT_TOKENS,),
+                    True,
+                ),
+                Query(
+                    sum_rate(V.SPEC_DECODE_ACCEPTED_TOKENS),
+                    legend_format(EM, "accepted"),
+                    (V.SPEC_DECODE_ACCEPTED_TOKENS,),
+                    True,
+                ),
+            ),
+            TIMESERIES,
+            8,
+            8,
+            idle=SPEC_DECODE_IDLE,
+        ),
+        Panel(
+            "Output from drafts",
+            describe(
+                "Share of generated tokens that were accepted draft tokens",
+                V.SPEC_DECODE_ACCEPTED_TOKENS,
+                V.GENERATION_TOKENS,
+            ),
+            UNIT_RATIO,
+            (
+                Query(
+                    f"{sum_rate(V.SPEC_DECODE_ACCEPTED_TOKENS)} / {positive(sum_rate(V.GENERATION_TOKENS))}",
+                    legend_format(EM),
+                    (V.SPEC_DECODE_ACCEPTED_TOKENS, V.GENERATION_TOKENS),
+                    True,
+                ),
+            ),
+            TIMESERIES,
+            8,
+            8,
+            min=0,
+            max=1,
+            idle=SPEC_DECODE_IDLE,
         ),
         Row("Engine"),
         Panel(
@@ -122,25 +306,32 @@ def board() -> DashboardSpec:
         ),
         Row("Request lengths"),
     ]
-    for title, metric in (
-        ("Prompt length distribution", V.REQUEST_PROMPT_TOKENS),
-        ("Generation length distribution", V.REQUEST_GENERATION_TOKENS),
-    ):
+    lengths = (("Prompt", V.REQUEST_PROMPT_TOKENS), ("Generation", V.REQUEST_GENERATION_TOKENS))
+    for what, metric in lengths:
         panels.append(
             Panel(
-                title,
-                describe(f"{title.split()[0]} tokens per finished request: requests per second in each bucket", metric),
+                f"{what} length p50/p90/p99",
+                describe(f"{what} tokens per finished request: percentiles per engine and model", metric),
                 UNIT_TOKENS,
-                (Query(f"sum by (le) ({rate(metric, '_bucket')})", "{{le}}", (metric,), False, HEATMAP),),
-                HEATMAP,
+                percentile_queries(metric),
+                TIMESERIES,
                 12,
                 8,
+            )
+        )
+    for what, metric in lengths:
+        panels.append(
+            _heatmap(
+                f"{what} length distribution",
+                f"{what} tokens per finished request: requests per second in each bucket",
+                metric,
+                UNIT_TOKENS,
             )
         )
     return DashboardSpec(
         UID,
         links.DASHBOARD_TITLES[UID],
-        f"Phases, caches, configuration and request lengths of one engine. {NOTE}",
+        f"Phases, latency distributions, batching, caches, configuration and request lengths of one engine. {NOTE}",
         prom_variables(),
         tuple(panels),
     )

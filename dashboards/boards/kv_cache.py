@@ -20,6 +20,7 @@ from inferwatch.dashboards.model import (
     Row,
 )
 from inferwatch.dashboards.promql import (
+    EM,
     EMI,
     describe,
     gauge,
@@ -69,7 +70,25 @@ def board() -> DashboardSpec:
             UNIT_RATIO,
             (Query(usage, legend_format(EMI), (V.KV_CACHE_USAGE,), True),),
             TIMESERIES,
+            12,
             8,
+            min=0,
+            max=1,
+        ),
+        Panel(
+            "KV cache usage across instances (min/mean/max)",
+            describe(
+                "Per engine and model, the emptiest, average and fullest KV cache of its instances (and "
+                "data-parallel ranks): a max far above the mean means uneven load, not too little memory",
+                V.KV_CACHE_USAGE,
+            ),
+            UNIT_RATIO,
+            tuple(
+                Query(gauge(V.KV_CACHE_USAGE, agg), legend_format(EM, name), (V.KV_CACHE_USAGE,), True)
+                for agg, name in (("min", "min"), ("avg", "mean"), ("max", "max"))
+            ),
+            TIMESERIES,
+            12,
             8,
             min=0,
             max=1,
@@ -92,7 +111,7 @@ def board() -> DashboardSpec:
                 ),
             ),
             TIMESERIES,
-            8,
+            12,
             8,
         ),
         Panel(
@@ -105,7 +124,7 @@ def board() -> DashboardSpec:
             UNIT_SECONDS,
             (Query(exhaustion, legend_format(EMI), (V.KV_CACHE_USAGE,), True),),
             TIMESERIES,
-            8,
+            12,
             8,
         ),
         Row("Scheduling"),

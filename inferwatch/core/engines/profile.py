@@ -83,6 +83,11 @@ class EngineProfile:
     """knobs fixed when the engine is built, not at launch (Triton's TensorRT engines)."""
     unsupported: Mapping[str, str] = field(default_factory=dict)
     """canonical metric key -> why this engine cannot provide it (the coverage matrix's reasons)."""
+    unlabelled: Mapping[str, str] = field(default_factory=dict)
+    """canonical label (beyond ``engine`` and ``model``) -> why this engine's series do not carry it."""
+    bucketless: Mapping[str, str] = field(default_factory=dict)
+    """canonical histogram key -> why only its sum and count come through (no buckets): its mean can be
+    drawn, its percentiles and distribution cannot."""
     flag_style: Callable[[str], str] = str
     """normalises a typed flag name to the spelling in ``flags`` (vLLM accepts ``_`` for ``-``)."""
 

@@ -120,6 +120,11 @@ UNSUPPORTED: dict[str, str] = {
     V.SPEC_DECODE_DRAFT_TOKENS.key: "TGI reports only accepted speculative tokens, not drafts.",
 }
 
+UNLABELLED: dict[str, str] = {
+    V.LABEL_DP_RANK: "TGI has no data-parallel ranks: one router serves one model, sharded by tensor "
+    "parallelism (--num-shard); scale out with replicas (instances) instead.",
+}
+
 
 PROFILE = EngineProfile(
     name=V.ENGINE_TGI,
@@ -129,6 +134,7 @@ PROFILE = EngineProfile(
     model_flags=("--model-id",),
     flags=FLAGS,
     unsupported=UNSUPPORTED,
+    unlabelled=UNLABELLED,
     knobs={
         Knob.QUANTIZATION: "--quantize awq (or gptq, marlin, fp8; bitsandbytes-nf4 for very low memory)",
         Knob.KV_CACHE_DTYPE: "--kv-cache-dtype fp8_e4m3fn",

@@ -63,6 +63,17 @@ UNSUPPORTED: dict[str, str] = {
     V.SPEC_DECODE_ACCEPTED_TOKENS.key: "Speculative-decoding stats are not exported by the backend.",
 }
 
+UNLABELLED: dict[str, str] = {
+    V.LABEL_DP_RANK: "The TensorRT-LLM backend labels its metrics by model and version, not by data-parallel rank.",
+}
+
+BUCKETLESS: dict[str, str] = {
+    V.REQUEST_DURATION.key: "Triton reports the request duration as cumulative microseconds (sum and count), "
+    "without buckets: its mean is exact, but no percentile, distribution or latency-SLO share can be computed.",
+    V.REQUEST_QUEUE.key: "Triton reports the queue time as cumulative microseconds (sum and count), without "
+    "buckets: its mean is exact, but no percentile, distribution or latency-SLO share can be computed.",
+}
+
 
 PROFILE = EngineProfile(
     name=V.ENGINE_TRITON,
@@ -76,6 +87,8 @@ PROFILE = EngineProfile(
     model_flags=("--model-repository", "--model_repo", "--model-repo"),
     flags=FLAGS,
     unsupported=UNSUPPORTED,
+    unlabelled=UNLABELLED,
+    bucketless=BUCKETLESS,
     knobs={
         Knob.QUANTIZATION: "rebuild the engine from a quantized checkpoint (quantize.py --qformat fp8 or int4_awq)",
         Knob.KV_CACHE_DTYPE: "rebuild with quantize.py --kv_cache_dtype fp8",

@@ -83,6 +83,12 @@ UNSUPPORTED: dict[str, str] = {
     V.PREEMPTIONS.key: "No TensorRT-LLM metric counts preemptions (num_paused_requests is a gauge).",
 }
 
+UNLABELLED: dict[str, str] = {
+    V.LABEL_DP_RANK: "trtllm-serve's Prometheus metrics carry no data-parallel rank; only its JSON iteration "
+    "stats are per attention-DP rank, and they label just the signals the Prometheus page lacks, and only "
+    "when several ranks report.",
+}
+
 
 PROFILE = EngineProfile(
     name=V.ENGINE_TRTLLM,
@@ -91,6 +97,7 @@ PROFILE = EngineProfile(
     model_flags=(),
     flags=FLAGS,
     unsupported=UNSUPPORTED,
+    unlabelled=UNLABELLED,
     knobs={
         Knob.QUANTIZATION: "serve a pre-quantized checkpoint (ModelOpt FP8 on Hopper, NVFP4 on Blackwell, INT4 AWQ)",
         Knob.KV_CACHE_DTYPE: "--kv_cache_dtype fp8 (YAML kv_cache_config.dtype: fp8)",

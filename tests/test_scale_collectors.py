@@ -63,7 +63,7 @@ from inferwatch.demo import free_ports
 from tests.conftest import postgres_schema
 from tests.helpers import value
 from tests.support.haproxy import SERVED_BY, BalancerConfig, HAProxy, Server, haproxy_binary
-from tests.support.stack import INFERWATCH, Processes
+from tests.support.stack import Processes, collector_cmd
 
 REPLICAS: Final = 3
 SENDERS: Final = 4
@@ -279,21 +279,9 @@ class Replica:
         return CollectorSettings(data_dir=self.data_dir).spool_path()
 
     def cmd(self, database_url: str) -> list[str]:
-        return [
-            *INFERWATCH,
-            "collector",
-            "serve",
-            "--database-url",
-            database_url,
-            "--data-dir",
-            str(self.data_dir),
-            "--listen",
-            f"127.0.0.1:{self.port}",
-            "--grpc-listen",
-            f"127.0.0.1:{self.grpc_port}",
-            "--log-level",
-            "warning",
-        ]
+        return collector_cmd(
+            self.port, self.grpc_port, self.data_dir, "--database-url", database_url, "--log-level", "warning"
+        )
 
 
 @dataclass

@@ -82,9 +82,8 @@ class TraceService:
         apply_identity(request, self.identity)
         result = self.ingestor.ingest(request)
         if result.backpressure:
-            # the ingest path says whether the database is the cause (UNAVAILABLE) or the queue
-            unavailable = getattr(result, "unavailable", not self.ingestor.writer.db_ok)
-            code = grpc.StatusCode.UNAVAILABLE if unavailable else grpc.StatusCode.RESOURCE_EXHAUSTED
+            # the database is the cause (UNAVAILABLE), or the queue (RESOURCE_EXHAUSTED)
+            code = grpc.StatusCode.UNAVAILABLE if result.unavailable else grpc.StatusCode.RESOURCE_EXHAUSTED
             context.set_trailing_metadata(retry_metadata(code, result.message))
             context.abort(code, result.message)
         resp = ExportTraceServiceResponse()

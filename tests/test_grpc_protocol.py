@@ -108,16 +108,10 @@ def test_resource_exhausted_carries_retry_info(tmp_path: Path) -> None:
 
 
 @dataclass
-class FakeWriter:
-    db_ok: bool = True
-
-
-@dataclass
 class ScriptedIngestor:
     """Answers each export with the next of ``results`` (then accepts); records the exports."""
 
     results: list[IngestResult]
-    writer: FakeWriter = field(default_factory=FakeWriter)
     metrics: CollectorMetrics = field(default_factory=CollectorMetrics)
     calls: list[float] = field(default_factory=list)
 
@@ -127,10 +121,7 @@ class ScriptedIngestor:
 
 
 def refused(message: str, database: bool) -> IngestResult:
-    result = IngestResult(0, 1, message, backpressure=True)
-    # the ingest path's flag where it has one (else the writer's db_ok decides): set either way
-    object.__setattr__(result, "unavailable", database)
-    return result
+    return IngestResult(0, 1, message, backpressure=True, unavailable=database)
 
 
 @pytest.fixture
@@ -148,7 +139,6 @@ def scripted(tmp_path: Path) -> Iterator[tuple[str, ScriptedIngestor]]:
 
 def test_database_down_is_unavailable_with_retry_info(scripted: tuple[str, ScriptedIngestor]) -> None:
     address, ingestor = scripted
-    ingestor.writer.db_ok = False
     ingestor.results.append(refused("database unreachable, retry later", database=True))
     error = rpc_error(address, b"")
     assert code(error) == grpc.StatusCode.UNAVAILABLE

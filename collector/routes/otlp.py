@@ -198,8 +198,6 @@ async def _export(request: Request, collector: CollectorDep, creds: Bearer, cont
     del body
     result = await asyncio.to_thread(collector.ingestor.ingest, msg)
     if result.backpressure:
-        # the ingest path says whether the database is the cause (503) or the queue (429)
-        unavailable = getattr(result, "unavailable", not collector.writer.db_ok)
-        status = 503 if unavailable else 429
+        status = 503 if result.unavailable else 429  # the database is the cause, or the queue
         return otlp_error(content_type, status, result.message, {"Retry-After": RETRY_AFTER_SECONDS})
     return Response(encode_response(kind, result.rejected, result.message), media_type=kind)

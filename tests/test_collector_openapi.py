@@ -94,7 +94,7 @@ def test_every_success_response_has_a_schema(document: dict[str, Any]) -> None:
             if media == "application/json":
                 members = [resolve(document, {"$ref": f"#/components/schemas/{n}"}) for n in model_names(schema)]
                 assert members and all(m.get("properties") for m in members), (method, path)
-    assert "text/plain; version=0.0.4" in document["paths"]["/metrics"]["get"]["responses"]["200"]["content"]
+    assert set(document["paths"]["/metrics"]["get"]["responses"]["200"]["content"]) == {"text/plain; version=0.0.4"}
     traces = document["paths"]["/v1/traces"]["post"]
     assert set(traces["responses"]["200"]["content"]) == {PROTOBUF, JSON}
     assert set(traces["requestBody"]["content"]) == {PROTOBUF, JSON}
@@ -188,6 +188,9 @@ def test_bodies_are_the_documented_models(client: TestClient, document: dict[str
             assert_documented(document, "get", url, r)
     for url in ("/healthz", "/readyz"):
         assert_documented(document, "get", url, client.get(url))
+    metrics = client.get("/metrics")
+    assert metrics.status_code == 200
+    assert metrics.headers["content-type"].startswith("text/plain; version=0.0.4")  # as documented, not JSON
 
 
 def test_otlp_errors_are_documented_in_both_encodings(tmp_path: Path, document: dict[str, Any]) -> None:

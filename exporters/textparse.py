@@ -95,10 +95,14 @@ def parse(text: str, wanted: Container[str]) -> ParsedText:
     out = ParsedText()
     samples = out.samples
     families = out.families
-    label_cache: dict[str, Labels] = {}
-    canon_cache: dict[str, Labels] = {}
-    """raw label text -> the label set in name order (equal sets written in another order match)."""
-    seen: dict[str, set[Labels]] = {}
+    label_cache: dict[str, tuple[Labels, int]] = {}
+    """raw label text -> its labels, and the id of its label set in name order: one object per
+    distinct set (kept alive in ``canon_sets``), so equal sets written in another order get the same
+    id, and an int hashes for free where a tuple of pairs would be hashed again on every line."""
+    canon_sets: dict[Labels, Labels] = {}
+    seen: dict[str, tuple[set[int], list[tuple[Labels, float]]]] = {}
+    """sample name -> the label sets seen, and its samples."""
+    unlabelled = id(())
     for lineno, line in enumerate(text.split("\n"), 1):
         if not line:
             continue
@@ -119,12 +123,12 @@ def parse(text: str, wanted: Container[str]) -> ParsedText:
             if close < brace:
                 raise ParseError(f"line {lineno}: unterminated label set: {line[:120]!r}")
             raw = line[brace + 1 : close]
-            labels = label_cache.get(raw)
-            if labels is None:
+            cached = label_cache.get(raw)
+            if cached is None:
                 labels = parse_labels(raw)
-                label_cache[raw] = labels
-                canon_cache[raw] = tuple(sorted(labels))
-            canon = canon_cache[raw]
+                ordered = tuple(sorted(labels))
+                cached = label_cache[raw] = (labels, id(canon_sets.setdefault(ordered, ordered)))
+            labels, canon = cached
             rest = line[close + 1 :].split()
         else:
             if space == -1:
@@ -135,17 +139,18 @@ def parse(text: str, wanted: Container[str]) -> ParsedText:
             if name not in wanted:
                 _check_name(name, lineno, line)
                 continue
-            labels = canon = ()
+            labels = ()
+            canon = unlabelled
             rest = line[space:].split()
         if not rest:
             raise ParseError(f"line {lineno}: sample without a value: {line[:120]!r}")
-        series = seen.get(name)
-        if series is None:
-            series = seen[name] = set()
-        elif canon in series:
+        entry = seen.get(name)
+        if entry is None:
+            entry = seen[name] = (set(), samples.setdefault(name, []))
+        elif canon in entry[0]:
             raise DuplicateSeries(f"line {lineno}: series given twice in one page: {line[:120]!r}")
-        series.add(canon)
-        samples.setdefault(name, []).append((labels, parse_value(rest[0])))
+        entry[0].add(canon)
+        entry[1].append((labels, parse_value(rest[0])))
     return out
 
 

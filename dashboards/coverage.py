@@ -61,7 +61,11 @@ def missing(
 
 def query_missing(profile: EngineProfile, query: Query) -> tuple[str, ...]:
     """Why ``profile``'s engine answers ``query`` with nothing (empty: it answers)."""
-    return missing(profile, query.metrics, query.labels, query.bucket_metrics())
+    buckets = query.bucket_metrics()
+    if not query.any_of:
+        return missing(profile, query.metrics, query.labels, buckets)
+    parts = [missing(profile, (m,), query.labels, (m,) if m in buckets else ()) for m in query.metrics]
+    return _unique(r for part in parts for r in part) if parts and all(parts) else ()
 
 
 def coverage(panel: Panel, profiles: Mapping[str, EngineProfile]) -> Coverage:

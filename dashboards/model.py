@@ -62,6 +62,9 @@ class Query:
     """canonical labels beyond ``engine`` and ``model`` that the expression selects on (``dp_rank``): an
     engine whose series do not carry one of them answers nothing."""
 
+    any_of: bool = False
+    """the expression is an ``or`` of one part per metric: an engine answers when it answers any part."""
+
     def bucket_metrics(self) -> tuple[V.MetricSpec, ...]:
         """The histograms whose buckets the expression reads (percentiles, distributions)."""
         return tuple(m for m in self.metrics if m.kind is V.Kind.HISTOGRAM and f"{m.name}_bucket" in self.expr)

@@ -6,7 +6,8 @@ only, so one dashboard serves vLLM, TGI, TensorRT-LLM and Triton alike. Conventi
 * template variables ``$engine``, ``$model``, ``$instance`` are regex matchers (``engine=~"$engine"``)
   whose "All" value is ``.*``;
 * rates use ``[$__rate_interval]`` (``[$__range]`` only for a single value over the whole time range);
-* percentiles are ``histogram_quantile`` over the canonical buckets, summed ``by (le, engine, model)``.
+* percentiles are ``histogram_quantile`` over the canonical buckets, summed ``by (le, engine, model)``;
+  means are the rate of the sum over the rate of the count (exact).
 """
 
 from __future__ import annotations
@@ -29,10 +30,16 @@ ALL_VALUE = ".*"
 
 RATE_INTERVAL = "$__rate_interval"
 RANGE = "$__range"
-QUANTILES = (0.5, 0.9, 0.99)
+QUANTILES = (0.5, 0.9, 0.95, 0.99)
+QUANTILES_TITLE = "p50/p90/p95/p99 and mean"
+"""the title suffix of a panel of :func:`distribution_queries`."""
+SIGNAL_LABEL = "signal"
+"""a label the dashboards add (``label_replace``) to tell the histograms of one table apart."""
 
 EM = (V.LABEL_ENGINE, V.LABEL_MODEL)
 EMI = (V.LABEL_ENGINE, V.LABEL_MODEL, INSTANCE_LABEL)
+EMIR = (*EMI, V.LABEL_DP_RANK)
+"""per instance and data-parallel rank (engines without ranks: per instance)."""
 
 
 def selector(
@@ -92,11 +99,20 @@ def positive(expr: str) -> str:
     return f"({expr} > 0)"
 
 
-def mean(metric: V.MetricSpec, by: tuple[str, ...] = EM) -> str:
-    """The mean observation of a histogram: rate of its sum over rate of its count."""
+def mean(metric: V.MetricSpec, by: tuple[str, ...] = EM, window: str = RATE_INTERVAL) -> str:
+    """The mean observation of a histogram: rate of its sum over rate of its count (over the whole
+    time range with ``window=RANGE``)."""
     groups = label_list(by)
-    count = f"sum by ({groups}) ({rate(metric, '_count')})"
-    return f"sum by ({groups}) ({rate(metric, '_sum')}) / {positive(count)}"
+    if window == RANGE:
+        total, count = increase(metric, "_sum"), increase(metric, "_count")
+    else:
+        total, count = rate(metric, "_sum"), rate(metric, "_count")
+    return f"sum by ({groups}) ({total}) / {positive(f'sum by ({groups}) ({count})')}"
+
+
+def tagged(expr: str, value: str) -> str:
+    """``expr`` with the label :data:`SIGNAL_LABEL` set to ``value``."""
+    return f'label_replace({expr}, "{SIGNAL_LABEL}", "{value}", "", "")'
 
 
 def share(part: str, whole: str, over: Iterable[str]) -> str:
@@ -127,13 +143,23 @@ def percentile_queries(
     )
 
 
+def distribution_queries(metric: V.MetricSpec, name: str = "", by: tuple[str, ...] = EM) -> tuple[Query, ...]:
+    """The :data:`QUANTILES` percentiles and the mean of a histogram (titles end in :data:`QUANTILES_TITLE`)."""
+    legend = legend_format(by, f"{name} mean".strip())
+    return (*percentile_queries(metric, QUANTILES, name, by), Query(mean(metric, by), legend, (metric,), True))
+
+
 def gauge(metric: V.MetricSpec, agg: str = "sum", by: tuple[str, ...] = EM, present: Iterable[str] = ()) -> str:
     return f"{agg} by ({label_list(by)}) ({metric.name}{selector(present=present)})"
 
 
-def instance_count(metric: V.MetricSpec, by: tuple[str, ...] = EM) -> str:
-    """How many instances report ``metric`` per ``by`` group (data-parallel ranks count once)."""
-    return f"count by ({label_list(by)}) (group by ({label_list((*by, INSTANCE_LABEL))}) ({metric.name}{selector()}))"
+def instance_count(metric: V.MetricSpec, by: tuple[str, ...] = EM, window: str = "") -> str:
+    """How many instances report ``metric`` per ``by`` group (data-parallel ranks count once); with a
+    ``window``, every instance seen in it."""
+    series = f"{metric.name}{selector()}"
+    if window:
+        series = f"last_over_time({series}[{window}])"
+    return f"count by ({label_list(by)}) (group by ({label_list((*by, INSTANCE_LABEL))}) ({series}))"
 
 
 def describe(what: str, *metrics: V.MetricSpec) -> str:

@@ -355,19 +355,21 @@ def _expected_gaps(query: M.Query) -> dict[str, set[str]]:
     out: dict[str, set[str]] = {}
     for engine in V.ENGINES:
         profile = profiles[engine]
-        reasons = {
-            matrix[engine][m.key].removeprefix("unsupported: ")
-            for m in query.metrics
-            if matrix[engine].get(m.key, "").startswith("unsupported: ")
-        }
-        reasons |= {profile.unlabelled[label] for label in query.labels if label in profile.unlabelled}
-        reasons |= {
-            profile.bucketless[m.key]
-            for m in query.metrics
-            if m.key in bucketless[engine] and f"{m.name}_bucket" in query.expr
-        }
-        if reasons:
-            out[engine] = reasons
+        labels = {profile.unlabelled[label] for label in query.labels if label in profile.unlabelled}
+        per_metric = []
+        for m in query.metrics:
+            reasons = set(labels)
+            if matrix[engine].get(m.key, "").startswith("unsupported: "):
+                reasons.add(matrix[engine][m.key].removeprefix("unsupported: "))
+            if m.key in bucketless[engine] and f"{m.name}_bucket" in query.expr:
+                reasons.add(profile.bucketless[m.key])
+            per_metric.append(reasons)
+        if query.any_of:  # one part per metric: empty only when every part is
+            gaps = set().union(*per_metric) if per_metric and all(per_metric) else set()
+        else:
+            gaps = set().union(labels, *per_metric)
+        if gaps:
+            out[engine] = gaps
     return out
 
 

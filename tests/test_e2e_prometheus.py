@@ -201,14 +201,15 @@ def bucketless(engine: str) -> frozenset[str]:
 
 
 def answers(query: Query, engine: str) -> bool:
-    """Whether ``engine`` fills ``query`` here: the coverage matrix maps every metric, buckets exist for every
-    histogram it reads them of, the engine's series carry every label it selects on, and no metric is gated
-    behind a feature the simulated engine runs without."""
-    profile = builtin_profiles()[engine]
-    return (
-        engine in mapped_engines(query.metrics)
-        and not {m.key for m in query.bucket_metrics()} & bucketless(engine)
-        and not set(query.labels) & set(profile.unlabelled)
+    """Whether ``engine`` fills ``query`` here: the coverage matrix maps every metric (any, for a query of one
+    ``or`` part per metric), buckets exist for every histogram it reads them of, the engine's series carry
+    every label it selects on, and no metric is gated behind a feature the simulated engine runs without."""
+    if set(query.labels) & set(builtin_profiles()[engine].unlabelled):
+        return False
+    buckets = {m.key for m in query.bucket_metrics()}
+    parts = [(m,) for m in query.metrics] if query.any_of else [query.metrics]
+    return any(
+        engine in mapped_engines(part) and not {m.key for m in part} & buckets & bucketless(engine) for part in parts
     )
 
 

@@ -12,6 +12,7 @@ from inferwatch.dashboards.model import (
     TIMESERIES,
     UNIT_NONE,
     UNIT_RATIO,
+    UNIT_REQPS,
     UNIT_REQUESTS,
     UNIT_SECONDS,
     UNIT_TOKENS,
@@ -24,9 +25,12 @@ from inferwatch.dashboards.model import (
 from inferwatch.dashboards.promql import (
     EM,
     EMI,
+    EMIR,
+    QUANTILES_TITLE,
     RATE_INTERVAL,
     bucket_rates,
     describe,
+    distribution_queries,
     gauge,
     label_list,
     legend_format,
@@ -34,6 +38,7 @@ from inferwatch.dashboards.promql import (
     percentile_queries,
     positive,
     prom_variables,
+    quantile,
     selector,
     sum_rate,
 )
@@ -42,19 +47,9 @@ UID = links.UID_ENGINE
 """stable: Grafana upserts provisioned dashboards by uid."""
 
 
-def _ratio_panel(title: str, what: str, num: V.MetricSpec, den: V.MetricSpec, width: int = 12) -> Panel:
-    """A 0–1 time series of ``rate(num) / rate(den)`` per engine and model."""
-    return Panel(
-        title,
-        describe(what, num, den),
-        UNIT_RATIO,
-        (Query(f"{sum_rate(num)} / {positive(sum_rate(den))}", legend_format(EM), (num, den), True),),
-        TIMESERIES,
-        width,
-        8,
-        min=0,
-        max=1,
-    )
+def ratio(num: V.MetricSpec, den: V.MetricSpec, by: tuple[str, ...] = EM) -> str:
+    """``rate(num) / rate(den)`` per ``by`` group (groups whose ``den`` does not move drop out)."""
+    return f"{sum_rate(num, by)} / {positive(sum_rate(den, by))}"
 
 
 def _heatmap(title: str, what: str, metric: V.MetricSpec, unit: str) -> Panel:
@@ -70,6 +65,7 @@ def _heatmap(title: str, what: str, metric: V.MetricSpec, unit: str) -> Panel:
     )
 
 
+INSTANCE_QUANTILE = 0.95
 SPEC_DECODE_IDLE = (
     "No data yet for this selection and time range; an engine that counts speculative tokens reports them "
     "only while speculative decoding is enabled."
@@ -85,15 +81,20 @@ def board() -> DashboardSpec:
         ("Decode time", "decode", V.REQUEST_DECODE),
     )
     info_by = (*EMI, *V.INFO_LABELS)
+    by_instance_latency = (
+        ("TTFT", V.TIME_TO_FIRST_TOKEN),
+        ("ITL", V.INTER_TOKEN_LATENCY),
+        ("E2E", V.REQUEST_DURATION),
+    )
     running = f"sum by ({label_list(EM)}) (avg_over_time({V.REQUESTS_RUNNING.name}{selector()}[{RATE_INTERVAL}]))"
     panels: list[Panel | Row] = [Row("Request phases")]
     for title, _, metric in phases:
         panels.append(
             Panel(
-                f"{title} p50/p90/p99",
-                describe(f"{title} percentiles per engine and model", metric),
+                f"{title} {QUANTILES_TITLE}",
+                describe(f"{title} per engine and model: percentiles (histogram estimates) and the exact mean", metric),
                 UNIT_SECONDS,
-                percentile_queries(metric),
+                distribution_queries(metric),
                 TIMESERIES,
                 8,
                 8,
@@ -158,9 +159,9 @@ def board() -> DashboardSpec:
         Row("Batching"),
         Panel(
             "Batch size (running requests)",
-            describe("Requests in the running batch per instance", V.REQUESTS_RUNNING),
+            describe("Requests in the running batch per instance (and data-parallel rank)", V.REQUESTS_RUNNING),
             UNIT_REQUESTS,
-            (Query(gauge(V.REQUESTS_RUNNING, by=EMI), legend_format(EMI), (V.REQUESTS_RUNNING,), True),),
+            (Query(gauge(V.REQUESTS_RUNNING, by=EMIR), legend_format(EMIR), (V.REQUESTS_RUNNING,), True),),
             TIMESERIES,
             12,
             8,
@@ -187,11 +188,35 @@ def board() -> DashboardSpec:
             8,
         ),
         Row("Caches and speculative decoding"),
-        _ratio_panel(
+        Panel(
             "Prefix-cache hit rate",
-            "Prompt tokens found in the prefix cache over prompt tokens looked up",
-            V.PREFIX_CACHE_HIT_TOKENS,
-            V.PREFIX_CACHE_QUERIED_TOKENS,
+            describe(
+                "Prompt tokens found in the prefix cache over prompt tokens looked up (hit rate), and over all "
+                "prompt tokens (share of prompt tokens whose prefill was skipped)",
+                V.PREFIX_CACHE_HIT_TOKENS,
+                V.PREFIX_CACHE_QUERIED_TOKENS,
+                V.PROMPT_TOKENS,
+            ),
+            UNIT_RATIO,
+            (
+                Query(
+                    ratio(V.PREFIX_CACHE_HIT_TOKENS, V.PREFIX_CACHE_QUERIED_TOKENS),
+                    legend_format(EM, "hit rate"),
+                    (V.PREFIX_CACHE_HIT_TOKENS, V.PREFIX_CACHE_QUERIED_TOKENS),
+                    True,
+                ),
+                Query(
+                    ratio(V.PREFIX_CACHE_HIT_TOKENS, V.PROMPT_TOKENS),
+                    legend_format(EM, "share of prompt tokens"),
+                    (V.PREFIX_CACHE_HIT_TOKENS, V.PROMPT_TOKENS),
+                    True,
+                ),
+            ),
+            TIMESERIES,
+            12,
+            8,
+            min=0,
+            max=1,
         ),
         Panel(
             "Prompt tokens computed vs from the prefix cache",
@@ -231,7 +256,7 @@ def board() -> DashboardSpec:
             UNIT_RATIO,
             (
                 Query(
-                    f"{sum_rate(V.SPEC_DECODE_ACCEPTED_TOKENS)} / {positive(sum_rate(V.SPEC_DECODE_DRAFT_TOKENS))}",
+                    ratio(V.SPEC_DECODE_ACCEPTED_TOKENS, V.SPEC_DECODE_DRAFT_TOKENS),
                     legend_format(EM),
                     (V.SPEC_DECODE_ACCEPTED_TOKENS, V.SPEC_DECODE_DRAFT_TOKENS),
                     True,
@@ -245,9 +270,10 @@ def board() -> DashboardSpec:
             idle=SPEC_DECODE_IDLE,
         ),
         Panel(
-            "Speculative tokens/s: drafted vs accepted",
+            "Speculative tokens/s: drafted, accepted, rejected",
             describe(
-                "Draft tokens proposed and accepted per second: the gap is rejected draft work",
+                "Draft tokens proposed, accepted and rejected (proposed - accepted: wasted draft and verification "
+                "work) per second",
                 V.SPEC_DECODE_DRAFT_TOKENS,
                 V.SPEC_DECODE_ACCEPTED_TOKENS,
             ),
@@ -263,6 +289,12 @@ def board() -> DashboardSpec:
                     sum_rate(V.SPEC_DECODE_ACCEPTED_TOKENS),
                     legend_format(EM, "accepted"),
                     (V.SPEC_DECODE_ACCEPTED_TOKENS,),
+                    True,
+                ),
+                Query(
+                    f"{sum_rate(V.SPEC_DECODE_DRAFT_TOKENS)} - {sum_rate(V.SPEC_DECODE_ACCEPTED_TOKENS)}",
+                    legend_format(EM, "rejected"),
+                    (V.SPEC_DECODE_DRAFT_TOKENS, V.SPEC_DECODE_ACCEPTED_TOKENS),
                     True,
                 ),
             ),
@@ -281,7 +313,7 @@ def board() -> DashboardSpec:
             UNIT_RATIO,
             (
                 Query(
-                    f"{sum_rate(V.SPEC_DECODE_ACCEPTED_TOKENS)} / {positive(sum_rate(V.GENERATION_TOKENS))}",
+                    ratio(V.SPEC_DECODE_ACCEPTED_TOKENS, V.GENERATION_TOKENS),
                     legend_format(EM),
                     (V.SPEC_DECODE_ACCEPTED_TOKENS, V.GENERATION_TOKENS),
                     True,
@@ -289,6 +321,104 @@ def board() -> DashboardSpec:
             ),
             TIMESERIES,
             8,
+            8,
+            min=0,
+            max=1,
+            idle=SPEC_DECODE_IDLE,
+        ),
+        Row("By instance and data-parallel rank"),
+        Panel(
+            "Requests/s by instance",
+            describe("Finished requests per second per instance (and data-parallel rank)", V.REQUESTS),
+            UNIT_REQPS,
+            (Query(sum_rate(V.REQUESTS, EMIR), legend_format(EMIR), (V.REQUESTS,), True),),
+            TIMESERIES,
+            8,
+            8,
+        ),
+        Panel(
+            "Tokens/s by instance in and out",
+            describe(
+                "Prompt (in) and generated (out) tokens per second per instance (and data-parallel rank)",
+                V.PROMPT_TOKENS,
+                V.GENERATION_TOKENS,
+            ),
+            UNIT_TOKENS_PER_S,
+            (
+                Query(sum_rate(V.PROMPT_TOKENS, EMIR), legend_format(EMIR, "in"), (V.PROMPT_TOKENS,), True),
+                Query(sum_rate(V.GENERATION_TOKENS, EMIR), legend_format(EMIR, "out"), (V.GENERATION_TOKENS,), True),
+            ),
+            TIMESERIES,
+            8,
+            8,
+        ),
+        Panel(
+            f"Latency by instance: p{round(INSTANCE_QUANTILE * 100)} and mean queue time",
+            describe(
+                f"Per instance (and data-parallel rank): P{round(INSTANCE_QUANTILE * 100)} time to first token, "
+                "inter-token latency and end-to-end latency (histogram estimates), and the mean queue time: "
+                "an outlier instance stands out",
+                *(metric for _, metric in by_instance_latency),
+                V.REQUEST_QUEUE,
+            ),
+            UNIT_SECONDS,
+            (
+                *(
+                    Query(
+                        quantile(metric, INSTANCE_QUANTILE, EMIR),
+                        legend_format(EMIR, f"{name} p{round(INSTANCE_QUANTILE * 100)}"),
+                        (metric,),
+                        True,
+                    )
+                    for name, metric in by_instance_latency
+                ),
+                Query(mean(V.REQUEST_QUEUE, EMIR), legend_format(EMIR, "queue mean"), (V.REQUEST_QUEUE,), True),
+            ),
+            TIMESERIES,
+            8,
+            8,
+        ),
+        Panel(
+            "Prefix-cache hit rate by instance",
+            describe(
+                "Prompt tokens found in the prefix cache over prompt tokens looked up, per instance (and "
+                "data-parallel rank)",
+                V.PREFIX_CACHE_HIT_TOKENS,
+                V.PREFIX_CACHE_QUERIED_TOKENS,
+            ),
+            UNIT_RATIO,
+            (
+                Query(
+                    ratio(V.PREFIX_CACHE_HIT_TOKENS, V.PREFIX_CACHE_QUERIED_TOKENS, EMIR),
+                    legend_format(EMIR),
+                    (V.PREFIX_CACHE_HIT_TOKENS, V.PREFIX_CACHE_QUERIED_TOKENS),
+                    True,
+                ),
+            ),
+            TIMESERIES,
+            12,
+            8,
+            min=0,
+            max=1,
+        ),
+        Panel(
+            "Speculative-decoding acceptance rate by instance",
+            describe(
+                "Draft tokens accepted over draft tokens proposed, per instance (and data-parallel rank)",
+                V.SPEC_DECODE_ACCEPTED_TOKENS,
+                V.SPEC_DECODE_DRAFT_TOKENS,
+            ),
+            UNIT_RATIO,
+            (
+                Query(
+                    ratio(V.SPEC_DECODE_ACCEPTED_TOKENS, V.SPEC_DECODE_DRAFT_TOKENS, EMIR),
+                    legend_format(EMIR),
+                    (V.SPEC_DECODE_ACCEPTED_TOKENS, V.SPEC_DECODE_DRAFT_TOKENS),
+                    True,
+                ),
+            ),
+            TIMESERIES,
+            12,
             8,
             min=0,
             max=1,
@@ -310,10 +440,14 @@ def board() -> DashboardSpec:
     for what, metric in lengths:
         panels.append(
             Panel(
-                f"{what} length p50/p90/p99",
-                describe(f"{what} tokens per finished request: percentiles per engine and model", metric),
+                f"{what} length {QUANTILES_TITLE}",
+                describe(
+                    f"{what} tokens per finished request per engine and model: percentiles (histogram estimates) "
+                    "and the exact mean",
+                    metric,
+                ),
                 UNIT_TOKENS,
-                percentile_queries(metric),
+                distribution_queries(metric),
                 TIMESERIES,
                 12,
                 8,

@@ -27,13 +27,17 @@ from inferwatch.dashboards.promql import (
     EM,
     EMI,
     INSTANCE_LABEL,
+    QUANTILES,
+    QUANTILES_TITLE,
     RANGE,
+    SIGNAL_LABEL,
     describe,
+    distribution_queries,
     gauge,
     instance_count,
+    label_list,
     legend_format,
     mean,
-    percentile_queries,
     positive,
     prom_variables,
     quantile,
@@ -42,24 +46,48 @@ from inferwatch.dashboards.promql import (
     share,
     sum_increase,
     sum_rate,
+    tagged,
 )
 
 UID = links.UID_FLEET
 """stable: Grafana upserts provisioned dashboards by uid."""
 
-E2E_QUANTILES = (0.5, 0.9, 0.95, 0.99)
 SUMMARY_QUANTILES = (0.5, 0.99)
+INSTANCE_QUANTILE = 0.95
+RANGE_LATENCY = (
+    ("TTFT", V.TIME_TO_FIRST_TOKEN),
+    ("ITL", V.INTER_TOKEN_LATENCY),
+    ("TPOT", V.TIME_PER_OUTPUT_TOKEN),
+    ("E2E", V.REQUEST_DURATION),
+)
+"""the histograms of the latency-over-the-time-range table, by their short name (its ``signal`` column)."""
 
 
 def error_ratio(window_sum: str, errors: str) -> str:
-    """Errors over all finished requests per engine and model; 0 where a model had no error."""
+    """Errors over all finished requests per group; 0 where a group had no error."""
     return f"({errors} or 0 * {window_sum}) / {positive(window_sum)}"
+
+
+def _table(title: str, what: str, queries: list[Query], units: dict[str, str], height: int = 7) -> Panel:
+    """A full-width table of instant queries, one column per query named by its legend."""
+    metrics = tuple(dict.fromkeys(m for q in queries for m in q.metrics))
+    return Panel(
+        title,
+        describe(what, *metrics),
+        UNIT_COUNT,
+        tuple(queries),
+        TABLE,
+        24,
+        height,
+        column_units=tuple((q.legend, units[q.legend]) for q in queries if q.legend in units),
+    )
 
 
 def model_summary() -> Panel:
     """One row per engine and model over the selected time range (instant queries over ``$__range``)."""
     requests = sum_increase(V.REQUESTS)
     queries = [
+        Query(instance_count(V.REQUESTS_RUNNING, window=RANGE), "Instances", (V.REQUESTS_RUNNING,), True, TABLE),
         Query(f"round({requests})", "Requests", (V.REQUESTS,), True, TABLE),
         Query(
             error_ratio(requests, sum_increase(V.REQUESTS, outcome=V.OUTCOME_ERROR)),
@@ -77,32 +105,88 @@ def model_summary() -> Panel:
     queries += [
         Query(f"round({sum_increase(V.PROMPT_TOKENS)})", "Tokens in", (V.PROMPT_TOKENS,), True, TABLE),
         Query(f"round({sum_increase(V.GENERATION_TOKENS)})", "Tokens out", (V.GENERATION_TOKENS,), True, TABLE),
+        Query(
+            f"max by ({label_list(EM)}) (max_over_time({V.KV_CACHE_USAGE.name}{selector()}[{RANGE}]))",
+            "Peak KV cache",
+            (V.KV_CACHE_USAGE,),
+            True,
+            TABLE,
+        ),
+        Query(f"round({sum_increase(V.PREEMPTIONS)})", "Preemptions", (V.PREEMPTIONS,), True, TABLE),
     ]
-    latency = tuple(q.legend for q in queries if q.metrics[0].unit == "seconds")
-    return Panel(
+    units = {"Error ratio": UNIT_RATIO, "Tokens in": UNIT_TOKENS, "Tokens out": UNIT_TOKENS}
+    units |= {"Peak KV cache": UNIT_RATIO, **{q.legend: UNIT_SECONDS for q in queries[3:7]}}
+    return _table(
         "Per-model summary (selected time range)",
-        describe(
-            "Each engine and model over the whole time range: finished requests, the share that failed, "
-            "P50/P99 time to first token and time per output token (histogram estimates), prompt and "
-            "generated tokens",
-            V.REQUESTS,
-            V.TIME_TO_FIRST_TOKEN,
-            V.TIME_PER_OUTPUT_TOKEN,
-            V.PROMPT_TOKENS,
-            V.GENERATION_TOKENS,
+        "Each engine and model over the whole time range: instances seen, finished requests and the share "
+        "that failed, P50/P99 time to first token and time per output token (histogram estimates), prompt "
+        "and generated tokens, the fullest KV cache and the preemptions",
+        queries,
+        units,
+    )
+
+
+def latency_over_range() -> Panel:
+    """One row per engine, model and latency histogram: percentiles and mean over the selected time range."""
+    metrics = tuple(metric for _, metric in RANGE_LATENCY)
+    queries = [
+        Query(
+            " or ".join(tagged(quantile(metric, q, window=RANGE), name) for name, metric in RANGE_LATENCY),
+            f"p{round(q * 100)}",
+            metrics,
+            True,
+            TABLE,
+            any_of=True,
+        )
+        for q in QUANTILES
+    ]
+    queries.append(
+        Query(
+            " or ".join(tagged(mean(metric, window=RANGE), name) for name, metric in RANGE_LATENCY),
+            "mean",
+            metrics,
+            True,
+            TABLE,
+            any_of=True,
+        )
+    )
+    return _table(
+        "Latency over the time range",
+        f"Per engine and model, one row per latency ({SIGNAL_LABEL}: "
+        f"{', '.join(name for name, _ in RANGE_LATENCY)}): percentiles (histogram estimates) and the exact "
+        "mean over the whole time range",
+        queries,
+        {q.legend: UNIT_SECONDS for q in queries},
+    )
+
+
+def instance_summary() -> Panel:
+    """One row per instance: its load now and its traffic and latency over the time range."""
+    queries = [
+        Query(gauge(V.REQUESTS_RUNNING, by=EMI), "Running", (V.REQUESTS_RUNNING,), True, TABLE),
+        Query(gauge(V.REQUESTS_WAITING, by=EMI), "Waiting", (V.REQUESTS_WAITING,), True, TABLE),
+        Query(gauge(V.KV_CACHE_USAGE, "max", EMI), "KV cache", (V.KV_CACHE_USAGE,), True, TABLE),
+        Query(f"round({sum_increase(V.REQUESTS, EMI)})", "Requests", (V.REQUESTS,), True, TABLE),
+        Query(f"round({sum_increase(V.GENERATION_TOKENS, EMI)})", "Tokens out", (V.GENERATION_TOKENS,), True, TABLE),
+        *(
+            Query(
+                quantile(metric, INSTANCE_QUANTILE, EMI, RANGE),
+                f"{name} p{round(INSTANCE_QUANTILE * 100)}",
+                (metric,),
+                True,
+                TABLE,
+            )
+            for name, metric in (("TTFT", V.TIME_TO_FIRST_TOKEN), ("ITL", V.INTER_TOKEN_LATENCY))
         ),
-        UNIT_COUNT,
-        tuple(queries),
-        TABLE,
-        24,
-        7,
-        column_units=(
-            ("Requests", UNIT_COUNT),
-            ("Error ratio", UNIT_RATIO),
-            *((name, UNIT_SECONDS) for name in latency),
-            ("Tokens in", UNIT_TOKENS),
-            ("Tokens out", UNIT_TOKENS),
-        ),
+        Query(f"round({sum_increase(V.PREEMPTIONS, EMI)})", "Preemptions", (V.PREEMPTIONS,), True, TABLE),
+    ]
+    units = {"KV cache": UNIT_RATIO, "Tokens out": UNIT_TOKENS, "TTFT p95": UNIT_SECONDS, "ITL p95": UNIT_SECONDS}
+    return _table(
+        "Per-instance summary (selected time range)",
+        "Each instance: running and waiting requests and the fullest KV cache now; finished requests, "
+        "generated tokens, P95 time to first token and inter-token latency, and preemptions over the time range",
+        queries,
+        units,
     )
 
 
@@ -174,6 +258,7 @@ def board() -> DashboardSpec:
         ),
         Row("Models"),
         model_summary(),
+        latency_over_range(),
         Row("Traffic"),
         Panel(
             "Requests/s by outcome",
@@ -230,49 +315,43 @@ def board() -> DashboardSpec:
             8,
         ),
         Row("Latency"),
-        Panel(
-            "Time to first token p50/p90/p99",
-            describe("TTFT percentiles per engine and model (histogram estimates)", V.TIME_TO_FIRST_TOKEN),
-            UNIT_SECONDS,
-            percentile_queries(V.TIME_TO_FIRST_TOKEN),
-            TIMESERIES,
-            8,
-            8,
-        ),
-        Panel(
-            "Time per output token p50/p90/p99",
-            describe("TPOT percentiles per engine and model (histogram estimates)", V.TIME_PER_OUTPUT_TOKEN),
-            UNIT_SECONDS,
-            percentile_queries(V.TIME_PER_OUTPUT_TOKEN),
-            TIMESERIES,
-            8,
-            8,
-        ),
-        Panel(
-            "End-to-end latency p50/p90/p95/p99 and mean",
-            describe(
-                "Percentiles (histogram estimates) and the exact mean of the server-side request duration per "
-                "engine and model",
-                V.REQUEST_DURATION,
-            ),
-            UNIT_SECONDS,
-            (
-                *percentile_queries(V.REQUEST_DURATION, E2E_QUANTILES),
-                Query(mean(V.REQUEST_DURATION), legend_format(EM, "mean"), (V.REQUEST_DURATION,), True),
-            ),
-            TIMESERIES,
-            8,
-            8,
+        *(
+            Panel(
+                f"{title} {QUANTILES_TITLE}",
+                describe(f"{what} per engine and model: percentiles (histogram estimates) and the exact mean", metric),
+                UNIT_SECONDS,
+                distribution_queries(metric),
+                TIMESERIES,
+                12,
+                8,
+            )
+            for title, what, metric in (
+                ("Time to first token", "Time to first token", V.TIME_TO_FIRST_TOKEN),
+                ("Inter-token latency", "Time between consecutive outputs", V.INTER_TOKEN_LATENCY),
+                ("Time per output token", "Decode time per output token", V.TIME_PER_OUTPUT_TOKEN),
+                ("End-to-end latency", "Server-side request duration", V.REQUEST_DURATION),
+            )
         ),
         Row("Instances"),
         Panel(
             "Instance count",
-            describe("Instances reporting per engine and model", V.REQUESTS_RUNNING),
+            describe(
+                "Instances reporting per engine and model, and their engine cores (one per instance, or one per "
+                "data-parallel rank)",
+                V.REQUESTS_RUNNING,
+            ),
             UNIT_COUNT,
             (
                 Query(
                     instance_count(V.REQUESTS_RUNNING),
-                    legend_format(EM),
+                    legend_format(EM, "instances"),
+                    (V.REQUESTS_RUNNING,),
+                    True,
+                    STAT,
+                ),
+                Query(
+                    gauge(V.REQUESTS_RUNNING, "count"),
+                    legend_format(EM, "engine cores"),
                     (V.REQUESTS_RUNNING,),
                     True,
                     STAT,
@@ -328,6 +407,7 @@ def board() -> DashboardSpec:
             9,
             8,
         ),
+        instance_summary(),
         Row("Saturation"),
         Panel(
             "Running and waiting requests",
@@ -383,7 +463,7 @@ def board() -> DashboardSpec:
     return DashboardSpec(
         UID,
         links.DASHBOARD_TITLES[UID],
-        f"Traffic, latency and saturation of every engine and model. {NOTE}",
+        f"Traffic, latency, instances and saturation of every engine and model. {NOTE}",
         prom_variables(),
         tuple(panels),
     )

@@ -21,7 +21,7 @@ from inferwatch.dashboards.model import (
 )
 from inferwatch.dashboards.promql import (
     EM,
-    EMI,
+    EMIR,
     describe,
     gauge,
     label_list,
@@ -59,16 +59,17 @@ def operating_notes() -> str:
 
 def board() -> DashboardSpec:
     """KV-cache usage and exhaustion, scheduling pressure and the operating notes."""
-    usage = gauge(V.KV_CACHE_USAGE, "max", EMI)
-    deriv = f"max by ({label_list(EMI)}) (deriv({V.KV_CACHE_USAGE.name}{selector()}[{DERIV_WINDOW}]))"
+    usage = gauge(V.KV_CACHE_USAGE, "max", EMIR)
+    capacity = gauge(V.KV_CACHE_CAPACITY, "max", EMIR)
+    deriv = f"max by ({label_list(EMIR)}) (deriv({V.KV_CACHE_USAGE.name}{selector()}[{DERIV_WINDOW}]))"
     exhaustion = f"clamp((1 - {usage}) / clamp_min({deriv}, 1e-9), 0, {TIME_TO_EXHAUSTION_CAP_SECONDS})"
     panels: list[Panel | Row] = [
         Row("KV cache"),
         Panel(
             "KV cache usage",
-            describe("Fullest KV cache per instance", V.KV_CACHE_USAGE),
+            describe("Fullest KV cache per instance (and data-parallel rank)", V.KV_CACHE_USAGE),
             UNIT_RATIO,
-            (Query(usage, legend_format(EMI), (V.KV_CACHE_USAGE,), True),),
+            (Query(usage, legend_format(EMIR), (V.KV_CACHE_USAGE,), True),),
             TIMESERIES,
             12,
             8,
@@ -100,12 +101,10 @@ def board() -> DashboardSpec:
             ),
             UNIT_TOKENS,
             (
+                Query(capacity, legend_format(EMIR, "capacity"), (V.KV_CACHE_CAPACITY,), True),
                 Query(
-                    gauge(V.KV_CACHE_CAPACITY, "max", EMI), legend_format(EMI, "capacity"), (V.KV_CACHE_CAPACITY,), True
-                ),
-                Query(
-                    f"{usage} * {gauge(V.KV_CACHE_CAPACITY, 'max', EMI)}",
-                    legend_format(EMI, "used"),
+                    f"{usage} * {capacity}",
+                    legend_format(EMIR, "used"),
                     (V.KV_CACHE_USAGE, V.KV_CACHE_CAPACITY),
                     True,
                 ),
@@ -122,7 +121,7 @@ def board() -> DashboardSpec:
                 V.KV_CACHE_USAGE,
             ),
             UNIT_SECONDS,
-            (Query(exhaustion, legend_format(EMI), (V.KV_CACHE_USAGE,), True),),
+            (Query(exhaustion, legend_format(EMIR), (V.KV_CACHE_USAGE,), True),),
             TIMESERIES,
             12,
             8,
@@ -132,7 +131,7 @@ def board() -> DashboardSpec:
             "Preemptions/s",
             describe("Sequences evicted from the batch per second: the KV cache is too small", V.PREEMPTIONS),
             UNIT_PER_S,
-            (Query(sum_rate(V.PREEMPTIONS, EMI), legend_format(EMI), (V.PREEMPTIONS,), True),),
+            (Query(sum_rate(V.PREEMPTIONS, EMIR), legend_format(EMIR), (V.PREEMPTIONS,), True),),
             TIMESERIES,
             8,
             8,
@@ -146,8 +145,8 @@ def board() -> DashboardSpec:
             ),
             UNIT_REQUESTS,
             (
-                Query(gauge(V.REQUESTS_WAITING, by=EMI), legend_format(EMI, "waiting"), (V.REQUESTS_WAITING,), True),
-                Query(gauge(V.REQUESTS_RUNNING, by=EMI), legend_format(EMI, "running"), (V.REQUESTS_RUNNING,), True),
+                Query(gauge(V.REQUESTS_WAITING, by=EMIR), legend_format(EMIR, "waiting"), (V.REQUESTS_WAITING,), True),
+                Query(gauge(V.REQUESTS_RUNNING, by=EMIR), legend_format(EMIR, "running"), (V.REQUESTS_RUNNING,), True),
             ),
             TIMESERIES,
             8,

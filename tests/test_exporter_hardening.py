@@ -316,6 +316,18 @@ def test_nan_gauges_are_served_as_nan(registry: EngineRegistry, real_page: str) 
     assert value(text, V.PROMPT_TOKENS.name) == 5610
 
 
+def test_limit_flags_override_the_config_file(tmp_path: Path, registry: EngineRegistry) -> None:
+    from inferwatch.cli.exporter import _serve_config
+
+    path = tmp_path / "exporter.yaml"
+    path.write_text("targets:\n  - {url: 'http://127.0.0.1:1', timeout_seconds: 9, max_samples: 7}\n")
+    limits: dict[str, float | int | None] = {"timeout_seconds": 2.5, "max_body_bytes": None, "max_samples": None}
+    (target,) = _serve_config(registry, path, None, "auto", None, None, {}, limits).targets
+    assert (target.timeout_seconds, target.max_samples, target.max_body_bytes) == (2.5, 7, 32 * 1024 * 1024)
+    (target,) = _serve_config(registry, None, ["http://127.0.0.1:1"], "auto", None, None, {}, limits).targets
+    assert (target.timeout_seconds, target.max_samples) == (2.5, 200_000)
+
+
 def test_every_reason_is_documented_in_the_help() -> None:
     for reason in V.SCRAPE_ERROR_REASONS:
         assert reason in V.EXPORTER_LAST_SCRAPE_ERROR.help

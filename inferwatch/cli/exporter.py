@@ -245,8 +245,9 @@ def serve(
 
     When an engine is down, slow or returns garbage, the up gauge is 0 and the last-scrape-error
     gauge says why; no stale canonical series are served, the error is
-    logged once per change and the exporter keeps running. A scrape of an engine never takes longer
-    than --timeout, and concurrent scrapes of one engine share its request. On SIGTERM it stops
+    logged once per change and the exporter keeps running. A scrape of an engine ends by its
+    --timeout deadline (a tenth of a second later at most), and concurrent scrapes of one engine
+    share its request. On SIGTERM it stops
     listening, waits at most --grace seconds for the scrapes being served, and exits.
     """
     from inferwatch.exporters.engines import builtin_registry

@@ -261,3 +261,14 @@ def test_a_hanging_receiver_does_not_stop_the_shutdown(tmp_path: Path, monkeypat
         conn.close()
     finally:
         hang.close()
+
+
+def test_a_non_ascii_page_key_is_refused_not_a_500(tmp_path: Path) -> None:
+    """Found by the OpenAPI fuzzer: hmac.compare_digest raised on a non-ASCII str."""
+    settings = CollectorSettings(data_dir=tmp_path, grpc_listen=None, read_tokens=["out"])
+    with client_for(settings) as client:
+        incident = client.post(
+            WEBHOOK, json=notification([alert(V.ALERT_KV_SATURATED, LABELS, starts=T0)], group=GROUP)
+        ).json()["incidents"][0]
+        assert client.get(f"/incidents/{incident}", params={"key": "clé"}).status_code == 401
+        assert client.get(f"/incidents/{incident}", params={"key": "x"}).status_code == 401

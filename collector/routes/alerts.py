@@ -163,7 +163,9 @@ async def incident_page(
     key: Annotated[str | None, Query(description="the signed key of a forwarded link")] = None,
 ) -> HTMLResponse:
     """The incident page: what fired, the diagnosis and its evidence, the slowest requests, the remedy, links."""
-    signed = key is not None and hmac.compare_digest(key, incident_key(collector.alerts.links.secret, incident_id))
+    # bytes, not str: compare_digest refuses non-ASCII str (a 500 on a hand-edited link)
+    expected = incident_key(collector.alerts.links.secret, incident_id).encode()
+    signed = key is not None and hmac.compare_digest(key.encode("utf-8", "surrogatepass"), expected)
     if not signed:
         check_token(collector, creds, "read")
     detail = await asyncio.to_thread(views.incident_detail, engine=engine, incident_id=incident_id)

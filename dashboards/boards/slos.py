@@ -34,8 +34,9 @@ NO_SLO_DATA = (
 NO_ALERT_FIRING = f"No {V.ALERT_SLO_BURN} alert is firing."
 
 
-def _slo_panels(slo: SLO) -> list[Panel | Row]:
-    sel = f'{{{V.SLO_LABEL}="{slo.name}"}}'
+def _slo_panels(slo: SLO, service: str) -> list[Panel | Row]:
+    # the service too: another SLO file in the same Prometheus may name an SLO alike
+    sel = f'{{{V.SLO_SERVICE_LABEL}="{service}",{V.SLO_LABEL}="{slo.name}"}}'
     by = tuple(slo.group_by)
     legend = legend_format(by) or slo.name
     about = slo.description or slo.name
@@ -49,7 +50,7 @@ def _slo_panels(slo: SLO) -> list[Panel | Row]:
     signals = (metric,)
     objective = decimal_text(slo.objective_ratio)
     budget = decimal_text(slo.error_budget)
-    on = f"on ({V.SLO_LABEL}) group_left ()"
+    on = f"on ({V.SLO_SERVICE_LABEL}, {V.SLO_LABEL}) group_left ()"
     burn = tuple(
         Query(
             f"{V.slo_error_ratio(w)}{sel} / {on} {V.SLO_ERROR_BUDGET_RECORD}{sel}",
@@ -100,7 +101,8 @@ def _slo_panels(slo: SLO) -> list[Panel | Row]:
             UNIT_COUNT,
             (
                 Query(
-                    f'count(ALERTS{{alertname="{V.ALERT_SLO_BURN}", alertstate="firing", {V.SLO_LABEL}="{slo.name}"}})'
+                    f'count(ALERTS{{alertname="{V.ALERT_SLO_BURN}", alertstate="firing", '
+                    f'{V.SLO_SERVICE_LABEL}="{service}", {V.SLO_LABEL}="{slo.name}"}})'
                     " or vector(0)",
                     "firing",
                     (),
@@ -142,12 +144,12 @@ def _slo_panels(slo: SLO) -> list[Panel | Row]:
 
 def board(spec: SLOFile) -> DashboardSpec:
     """The firing burn-rate alerts, then one row of panels per SLO of ``spec``."""
-    firing = f'ALERTS{{alertname="{V.ALERT_SLO_BURN}", alertstate="firing"}}'
+    firing = f'ALERTS{{alertname="{V.ALERT_SLO_BURN}", alertstate="firing", {V.SLO_SERVICE_LABEL}="{spec.service}"}}'
     labels = (V.SLO_LABEL, V.SEVERITY_LABEL, V.LONG_WINDOW_LABEL, V.SHORT_WINDOW_LABEL)
     panels: list[Panel | Row] = [
         Panel(
             "Firing burn-rate alerts",
-            f"Every {V.ALERT_SLO_BURN} alert now firing, by SLO, severity and alert windows.",
+            f"Every {V.ALERT_SLO_BURN} alert of {spec.service} now firing, by SLO, severity and alert windows.",
             UNIT_COUNT,
             (Query(f"sum by ({label_list(labels)}) ({firing})", legend_format(labels), (), False, TABLE),),
             TABLE,
@@ -157,7 +159,7 @@ def board(spec: SLOFile) -> DashboardSpec:
         )
     ]
     for slo in spec.slos:
-        panels += _slo_panels(slo)
+        panels += _slo_panels(slo, spec.service)
     return DashboardSpec(
         UID,
         links.DASHBOARD_TITLES[UID],

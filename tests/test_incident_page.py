@@ -3,7 +3,7 @@
 A simulated vLLM runs the ``kv-pressure`` profile and sends its spans to a collector served on
 127.0.0.1; an inferwatch exporter sits beside the simulator, and the collector diagnoses from that
 exporter (``--exporter``, no Prometheus). Once the collector itself sees the preemptions and has
-stored requests, an Alertmanager notification for ``LLMPreemptionsSustained`` with the exporter's
+stored requests, an Alertmanager notification for the preemptions alert with the exporter's
 labels arrives at the webhook; the incident is enriched (the preemptions finding, the slowest
 requests, the dashboards and the runbook) and forwarded to a recording receiver. Debian's Chromium
 then opens the page with the link's signed key: ``--dump-dom`` for the content, ``--screenshot``
@@ -233,7 +233,7 @@ def test_the_enrichment_found_the_preemptions(incident: Incident) -> None:
     assert message["top_finding"]["symptom"] == "preemptions" and "--max-num-seqs" in message["remedy"]
     assert message["incident_url"].endswith(f"/incidents/{incident.id}?key={incident.key}")
     slack = incident.sink.bodies("/slack")[0]
-    assert slack["text"].startswith("[PAGE] LLMPreemptionsSustained")
+    assert slack["text"].startswith(f"[PAGE] {V.ALERT_PREEMPTIONS_SUSTAINED}")
 
 
 def test_the_page_needs_a_key_or_a_read_token(incident: Incident) -> None:
@@ -257,7 +257,7 @@ def test_chromium_renders_the_incident(incident: Incident, tmp_path: Path) -> No
     text = html.unescape(re.sub(r"<[^>]+>", "", dom))
     enrichment = incident.detail["enrichment"]
     top = enrichment["findings"][0]
-    assert f"<title>LLMPreemptionsSustained (model={MODEL}) · inferwatch</title>" in html.unescape(dom)
+    assert f"<title>{V.ALERT_PREEMPTIONS_SUSTAINED} (model={MODEL}) · inferwatch</title>" in html.unescape(dom)
     assert '<span class="badge firing">FIRING</span>' in dom
     assert "<script" not in dom.lower()
     # the diagnosis: the preemptions finding, what to do (vLLM's own flag) and the evidence query

@@ -1,31 +1,35 @@
-"""The collector's write path: a bounded queue drained by one background thread into the store.
+"""The collector's write path: a write-ahead log (the spool) and one thread applying it to the store.
 
-Durability: a span is acknowledged only once it is durable. Receivers (OTLP HTTP/gRPC) call
-:meth:`Writer.offer` and wait on the returned :class:`Ticket`; the ticket is settled when every
-record of the batch is committed to the database, or appended to the spool and fsync'd, or
-refused by the database for what it contains (counted, with the reason). Group commit: the thread
-takes everything queued into one transaction (up to ``batch_size * COALESCE_BATCHES`` records),
-so concurrent exports share one commit; whatever arrives meanwhile goes into the next one. A
-full queue, a spool over its limit or a stopping writer refuse the batch (nothing queued).
-:func:`inferwatch.collector.db.insert_records` is idempotent on (trace_id, span_id), so writing a
-record twice (a client retrying after a timeout, a spool replayed after a crash) is harmless.
+Durability: a span is acknowledged only once it is on disk. Receivers (OTLP HTTP/gRPC) call
+:meth:`Writer.offer` from their worker threads; it appends the records to the spool and fsyncs it
+before returning (group commit: while one caller's fsync runs, the others append, and the next fsync
+covers them all), then the answer goes out. The writer thread takes what is queued in memory (the
+same records, in the same order), inserts it in one transaction (up to ``batch_size *
+COALESCE_BATCHES`` records) and commits the spool up to there; once everything in the spool is in
+the database it is emptied. A crash (``kill -9``) leaves the spool behind: the next start replays
+it. :func:`inferwatch.collector.db.insert_records` is idempotent on (trace_id, span_id), so writing
+a record twice (a replay of records already inserted, a client retrying) is harmless. Should the
+spool be unwritable, the batch is committed to the database before the answer instead.
 
 When the database is unreachable (an error :func:`inferwatch.collector.db.is_unreachable` counts,
-including the deadline of one write, ``write_timeout``), batches go to the *spool*: an append-only
-JSON-lines file, one record per line, fsync'd before the batch counts as spooled. Every
-``retry_interval`` seconds the thread replays the spool in order; once all of it is stored the file
-is truncated and live batches go to the database again. A spool left by a previous run (or a crash)
-is replayed at start. While idle the thread probes the database every ``probe_interval`` seconds, so
-:attr:`Writer.db_ok` goes false within seconds of an outage even without traffic. Records the
-database refuses for what they contain (a constraint, a value it cannot store) are isolated by
-bisecting the batch and appended to ``<spool>.rejected`` instead of being retried forever.
+the deadline of one write, ``write_timeout``, included) the records simply stay in the spool; the
+queue is not written. Every ``retry_interval`` seconds (doubling up to ``max_retry_interval``) the
+thread probes the database and replays the spool in order from the last commit; once it has caught
+up the database counts as back. While idle it probes the database every ``probe_interval`` seconds,
+so :attr:`Writer.db_ok` (``database_up``) falls within seconds of an outage even without traffic.
+While the database is down a spool beyond ``spool_max_bytes`` refuses new batches (503). A full
+queue refuses them too (429): back-pressure. Records the database refuses for what they contain
+(a constraint, a value it cannot store) are isolated by bisecting the batch, counted by reason and
+appended to ``<spool>.rejected`` instead of being retried forever (the ingest path rejects what it
+knows the database would refuse before answering, see :func:`inferwatch.collector.db.refusal`).
 
-:meth:`Writer.stop` writes out everything accepted: the queue, and the batch in flight when the
-thread is stuck in a database call, go to the spool.
+:meth:`Writer.stop` applies what is queued; should the thread be stuck in a database call past the
+timeout, what it had not committed is in the spool already, for the next start.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
@@ -107,6 +111,13 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
 def append_lines(path: Path, lines: Sequence[str]) -> int:
     """Append JSON lines to ``path`` durably (fsync; the directory too when the file is new); the file's
     size after them.
@@ -120,10 +131,7 @@ def append_lines(path: Path, lines: Sequence[str]) -> int:
         size = os.fstat(fd).st_size
         if size and os.pread(fd, 1, size - 1) != b"\n":
             data = b"\n" + data
-        view = memoryview(data)
-        while view:
-            written = os.write(fd, view)
-            view = view[written:]
+        _write_all(fd, data)
         os.fsync(fd)
         end = os.lseek(fd, 0, os.SEEK_END)
     finally:
@@ -133,76 +141,248 @@ def append_lines(path: Path, lines: Sequence[str]) -> int:
     return end
 
 
-class Spool:
-    """Append-only JSON-lines file of records waiting for the database, read back in order.
+Mark = tuple[int, int]
+"""A place in the spool: (segment number, byte offset in it)."""
+SEGMENT_BYTES: Final = 64 << 20
+"""A spool segment is closed (and a new one started) past this size, so consumed segments can be deleted while
+records keep arriving."""
 
-    ``read``/``commit`` walk it from the start; ``finish`` truncates it once everything has been
-    read. Appends and ``finish`` hold a lock, so an append racing the end of a replay is kept.
+
+class Spool:
+    """The write-ahead log of accepted records: append-only JSON-lines segments, read back in order.
+
+    Segments are ``<path>`` (number 0), then ``<path>.1``, ``<path>.2``…; appends go to the newest, which is
+    closed past ``segment_bytes``. :meth:`write` appends under a lock (its ``then`` callback runs under it,
+    so the writer's queue has the order of the file) and :meth:`sync` makes it durable: one fsync covers
+    every write made before it started, so concurrent callers share it (group commit). The applier reads
+    from the last :meth:`commit` on (:meth:`read`); :meth:`commit` deletes the segments before its mark and
+    :meth:`finish` empties the spool once everything in it is committed.
+
+    Marks are (segment, logical offset): emptying the newest segment moves its logical start forward
+    instead of reusing offsets, so a mark never points at bytes written after it was taken.
     """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, segment_bytes: int = SEGMENT_BYTES) -> None:
         self.path = path
-        self.offset = 0
-        """bytes already replayed (in this process)."""
+        self.segment_bytes = segment_bytes
         self.corrupt = 0
-        """unparsable lines skipped (a torn write after a crash)."""
+        """unparsable lines skipped (a write torn by a crash)."""
         self._lock = threading.Lock()
+        self._sync_cond = threading.Condition()
+        numbers = [0] if path.exists() else []
+        for other in path.parent.glob(path.name + ".*"):
+            suffix = other.name[len(path.name) + 1 :]
+            if suffix.isdigit():
+                numbers.append(int(suffix))
+        self._segments: list[int] = sorted(numbers) or [0]
+        self._active = self._segments[-1]
+        self._ends = {n: self._file(n).stat().st_size for n in self._segments[:-1]}
+        """logical ends of the closed segments (their logical start is 0)."""
+        self._base = 0
+        """logical offset of the newest segment's first byte."""
+        active = self._file(self._active)
+        self._size = active.stat().st_size if active.exists() else 0
+        self._fd: int | None = None
+        self._committed: Mark = (self._segments[0], 0)
+        self._cursor: Mark = self._committed
+        self._written = 0  # writes made (a sequence number)
+        self._synced = 0  # writes known durable
+        self._syncing = False
 
-    def append(self, records: Sequence[RequestRecord]) -> int:
-        """Append records durably; the file's size after them."""
+    def _file(self, number: int) -> Path:
+        return self.path if number == 0 else self.path.with_name(f"{self.path.name}.{number}")
+
+    def _end(self) -> Mark:
+        return (self._active, self._base + self._size)
+
+    def _normal(self, mark: Mark) -> Mark:
+        """The same place, at the start of the next segment when it is the end of a closed one."""
+        number, offset = mark
+        while number != self._active and offset >= self._ends.get(number, 0):
+            later = [n for n in self._segments if n > number]
+            number, offset = (later[0], 0) if later else (self._active, self._base)
+        return number, offset
+
+    # --- appending (any thread) ---
+
+    def _open(self) -> int:
+        if self._fd is None:
+            path = self._file(self._active)
+            created = not path.exists()
+            fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
+            size = os.fstat(fd).st_size
+            if size and os.pread(fd, 1, size - 1) != b"\n":  # a line torn by a crash stays one bad line
+                _write_all(fd, b"\n")
+                size += 1
+            self._fd, self._size = fd, size
+            if created:
+                _fsync_dir(path.parent)
+        return self._fd
+
+    def write(self, lines: Sequence[str], then: Callable[[Mark], None] | None = None) -> tuple[Mark, int]:
+        """Append ``lines`` (durable only after :meth:`sync`); ``then(mark)`` runs under the spool's lock.
+        Returns the mark after them and the write's sequence number."""
+        data = "".join(line + "\n" for line in lines).encode()
+        with self._lock:
+            fd = self._open()
+            _write_all(fd, data)
+            self._size += len(data)
+            mark = self._end()
+            self._written += 1
+            seq = self._written
+            if self._size >= self.segment_bytes:  # close this segment (durably) and start the next
+                os.fsync(fd)
+                os.close(fd)
+                self._fd = None
+                self._ends[self._active] = self._base + self._size
+                self._active += 1
+                self._segments.append(self._active)
+                self._base = self._size = 0
+            if then is not None:
+                then(mark)
+        return mark, seq
+
+    def sync(self, seq: int) -> None:
+        """Return once write ``seq`` is on disk: one caller fsyncs for everyone waiting (group commit)."""
+        with self._sync_cond:
+            while self._synced < seq:
+                if self._syncing:
+                    self._sync_cond.wait()
+                    continue
+                self._syncing = True
+                with self._lock:
+                    target = self._written
+                    fd = os.dup(self._fd) if self._fd is not None else None
+                self._sync_cond.release()
+                try:
+                    if fd is not None:  # None: closed since, and closing fsync'd the segment
+                        try:
+                            os.fsync(fd)
+                        finally:
+                            os.close(fd)
+                    synced = True
+                except OSError:
+                    synced = False
+                    raise
+                finally:
+                    self._sync_cond.acquire()
+                    if synced:
+                        self._synced = max(self._synced, target)
+                    self._syncing = False
+                    self._sync_cond.notify_all()
+
+    def append_lines(self, lines: Sequence[str]) -> Mark:
+        """Append lines of :func:`record_to_json` durably; the mark after them."""
+        mark, seq = self.write(lines)
+        self.sync(seq)
+        return mark
+
+    def append(self, records: Sequence[RequestRecord]) -> Mark:
         return self.append_lines([record_to_json(r) for r in records])
 
-    def append_lines(self, lines: Sequence[str]) -> int:
-        """Append lines of :func:`record_to_json` durably; the file's size after them."""
-        with self._lock:
-            return append_lines(self.path, lines)
+    # --- sizes and marks ---
 
     def size(self) -> int:
-        try:
-            return self.path.stat().st_size
-        except FileNotFoundError:
-            return 0
+        """Bytes in the spool's files (committed or not)."""
+        total = 0
+        for number in list(self._segments):
+            with contextlib.suppress(FileNotFoundError):
+                total += self._file(number).stat().st_size
+        return total
 
-    def read(self, limit: int) -> tuple[list[RequestRecord], int]:
-        """Up to ``limit`` records from the current offset, and the offset after them."""
-        records: list[RequestRecord] = []
+    def pending(self) -> bool:
+        """Whether anything was written after the last commit."""
         with self._lock:
-            if self.size() <= self.offset:
-                return records, self.offset
-            with self.path.open("rb") as f:
-                f.seek(self.offset)
-                while len(records) < limit:
-                    line = f.readline()
-                    if not line:
-                        break
-                    try:
-                        records.append(record_from_json(line))
-                    except (ValueError, TypeError, KeyError) as exc:
-                        self.corrupt += 1
-                        log.error("spool %s: skipping an unreadable line (%s): %.200r", self.path, exc, line)
-                return records, f.tell()
+            return self._normal(self._committed) < self._end()
 
-    def commit(self, offset: int) -> None:
-        self.offset = offset
+    # --- reading back and committing (the applier's thread) ---
 
-    def finish(self, *, sync: bool = True) -> bool:
-        """Truncate the file when it has been read to the end; False when more was appended.
+    def rewind(self) -> None:
+        """Read again from the last commit (after a failed replay)."""
+        with self._lock:
+            self._cursor = self._committed
 
-        ``sync=False`` skips the fsync: should the truncation be lost in a crash, the records reappear
+    def read(self, limit: int) -> tuple[list[RequestRecord], Mark]:
+        """Up to ``limit`` records from the read cursor (across segments), and the mark after them."""
+        records: list[RequestRecord] = []
+        while True:
+            with self._lock:
+                number, offset = self._cursor = self._normal(self._cursor)
+                base = self._base if number == self._active else 0
+                end = self._base + self._size if number == self._active else self._ends.get(number, 0)
+            path = self._file(number)
+            try:
+                with path.open("rb") as f:
+                    f.seek(offset - base)
+                    while len(records) < limit and offset < end:
+                        line = f.readline(end - offset)
+                        if not line:
+                            break
+                        offset += len(line)
+                        if not line.strip():
+                            continue
+                        try:
+                            records.append(record_from_json(line))
+                        except (ValueError, TypeError, KeyError) as exc:
+                            self.corrupt += 1
+                            log.error("spool %s: skipping an unreadable line (%s): %.200r", path, exc, line)
+            except FileNotFoundError:
+                offset = end
+            with self._lock:
+                self._cursor = (number, offset)
+                if len(records) >= limit or number == self._active:
+                    return records, self._normal(self._cursor)
+
+    def commit(self, mark: Mark) -> None:
+        """Everything up to ``mark`` is in the database: delete the segments before it."""
+        with self._lock:
+            mark = self._normal(mark)
+            if mark <= self._committed:
+                return
+            self._committed = mark
+            self._cursor = max(self._cursor, mark)
+            done = [n for n in self._segments if n < mark[0]]
+            self._segments = [n for n in self._segments if n >= mark[0]]
+            for number in done:
+                self._ends.pop(number, None)
+        for number in done:
+            with contextlib.suppress(FileNotFoundError):
+                self._file(number).unlink()
+
+    def finish(self, *, sync: bool = True, then: Callable[[], None] | None = None) -> bool:
+        """Empty the spool when everything in it is committed (``then`` runs under the spool's lock, no write
+        in between); False when more was written.
+
+        ``sync=False`` skips the fsync of the truncation: should it be lost in a crash, the records reappear
         and are replayed as duplicates, which is harmless.
         """
         with self._lock:
-            size = self.size()
-            if size > self.offset:
+            end = self._end()
+            if self._normal(self._committed) < end:
                 return False
-            if size:
-                with self.path.open("r+b") as f:
-                    f.truncate(0)
-                    f.flush()
-                    if sync:
-                        os.fsync(f.fileno())
-            self.offset = 0
-            return True
+            if self._size:
+                fd = self._open()
+                os.ftruncate(fd, 0)
+                if sync:
+                    os.fsync(fd)
+                self._base += self._size
+                self._size = 0
+            self._committed = self._cursor = self._end()
+            done = [n for n in self._segments if n < self._active]
+            self._segments = [self._active]
+            self._ends.clear()
+            if then is not None:
+                then()
+        for number in done:
+            with contextlib.suppress(FileNotFoundError):
+                self._file(number).unlink()
+        return True
+
+    def close(self) -> None:
+        with self._lock:
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
 
 
 # --- writer ----------------------------------------------------------------------------------------------------------
@@ -217,7 +397,7 @@ class WriterStats:
     duplicates: int = 0
     """records skipped because their (trace_id, span_id) was already stored."""
     spooled: int = 0
-    """records appended to the spool while the database was unreachable."""
+    """records left in the spool for a later replay (the database unreachable when their turn came)."""
     replayed: int = 0
     """records read back from the spool and written to the database."""
     refused: int = 0
@@ -228,12 +408,11 @@ class WriterStats:
     """``rejected`` by reason: ``database refused: <error>``, or ``database refused after acknowledgement: <error>``
     for records the clients were already told are accepted (written ahead to the spool, then refused)."""
     not_durable: int = 0
-    """accepted records that could be neither stored nor spooled (spool full or unwritable): their tickets
-    fail, the client is told to retry."""
+    """accepted records that could be neither spooled nor stored: their tickets fail, the client is told to retry."""
     lost: int = 0
     """records that reached neither the database nor the spool at shutdown (the spool could not be written)."""
     batches: int = 0
-    """successful insert calls (each one transaction: the group commit)."""
+    """successful insert calls (each one transaction)."""
     last_batch_seconds: float = 0.0
     write_errors: int = 0
     """failed insert calls (unreachable database or refused content)."""
@@ -244,9 +423,9 @@ class WriterStats:
 class Ticket:
     """What became of one offered batch.
 
-    ``refused``: why it was not queued at all (``queue_full``, ``spool_full``, ``stopping``), else None.
-    Otherwise :meth:`wait` until each record is ``durable`` (committed, already stored, or spooled),
-    ``rejected`` by the database (counted by reason) or ``failed`` (neither stored nor spooled; ``error``
+    ``refused``: why it was not accepted at all (``queue_full``, ``spool_full``, ``stopping``), else None.
+    Otherwise :meth:`wait` until each record is ``durable`` (in the spool, fsync'd, or committed),
+    ``rejected`` by the database (counted by reason) or ``failed`` (neither spooled nor stored; ``error``
     says why: the client must send it again).
     """
 
@@ -288,12 +467,12 @@ class Ticket:
 
 @dataclasses.dataclass(eq=False)
 class _Chunk:
-    """One offered batch in the queue."""
+    """One offered batch in the queue: ``mark`` is where it ends in the spool (None: it could not be spooled,
+    and its ticket waits for the database)."""
 
     records: list[RequestRecord]
-    lines: list[str]
-    """the records as spool lines (encoded by the caller's thread, off the writer's)."""
     ticket: Ticket
+    mark: Mark | None
     settled: bool = False
 
 
@@ -313,12 +492,12 @@ SPOOL_MAX_BYTES: Final = 1 << 30
 
 
 class Writer:
-    """Queue + background thread writing :class:`RequestRecord` batches to the store (see the module doc).
+    """The write-ahead log (the spool) and the thread that applies it to the store (see the module doc).
 
     ``insert``, ``delete_older``, ``probe`` and ``now`` are seams for tests (defaults:
     :mod:`inferwatch.collector.db`'s functions, :func:`ping` and the UTC wall clock); ``clock`` is the
     monotonic clock of the batching, retry, probe and retention timers. ``flush_interval`` is how long a
-    record may wait for more to join its transaction (0: group commit only, no lingering).
+    record may wait for more to join its transaction (0: no lingering: whatever is queued goes together).
     """
 
     def __init__(
@@ -337,6 +516,7 @@ class Writer:
         write_timeout: float = 5.0,
         probe_interval: float = 5.0,
         spool_max_bytes: int = SPOOL_MAX_BYTES,
+        segment_bytes: int = SEGMENT_BYTES,
         insert: InsertFn = insert_records,
         delete_older: DeleteFn = delete_older_than,
         probe: Callable[[Engine], None] = ping,
@@ -347,7 +527,7 @@ class Writer:
         if write_timeout <= 0:
             raise ValueError("write_timeout must be positive")
         self.engine = engine
-        self.spool = Spool(spool_path)
+        self.spool = Spool(spool_path, segment_bytes)
         self.rejected_path = spool_path.with_name(spool_path.name + ".rejected")
         self.queue_limit = queue_limit
         self.batch_size = batch_size
@@ -387,36 +567,66 @@ class Writer:
     # --- the receivers' side ---
 
     def offer(self, records: Sequence[RequestRecord]) -> Ticket:
-        """Queue a batch; its :class:`Ticket` says when it is durable. Refused (``ticket.refused``, nothing
-        queued) when it would exceed ``queue_limit``, while the database is down and the spool is over
-        ``spool_max_bytes``, or when the writer is stopping (or its thread died)."""
+        """Accept a batch: write it ahead to the spool (fsync'd, shared with concurrent callers) and queue it for
+        the database. The returned :class:`Ticket` is settled (durable) on return, unless the spool could not
+        be written: then it waits for the database commit. Refused (``ticket.refused``, nothing written) when
+        it would exceed ``queue_limit``, while the database is down and the spool is over ``spool_max_bytes``,
+        or when the writer is stopping (or its thread died)."""
         n = len(records)
         if not n:
             return Ticket(0)
+        reason = self._refusal(n)
+        if reason is not None:
+            with self._stats_lock:
+                self.stats.refused += n
+            return Ticket(n, refused=reason)
         lines = [record_to_json(r) for r in records]
-        with self._cond:
-            dead = self._thread is not None and not self._thread.is_alive()
-            reason = None
-            if self._stopping or dead:
-                reason = "stopping"
-            elif self._queued + n > self.queue_limit:
-                reason = "queue_full"
-            elif not self.db_ok and self.spool_max_bytes and self.spool.size() >= self.spool_max_bytes:
-                reason = "spool_full"
-            if reason is not None:
+        ticket = Ticket(n)
+        chunk = _Chunk(list(records), ticket, None)
+        try:
+            _, seq = self.spool.write(lines, then=lambda mark: self._enqueue(chunk, mark))
+        except (OSError, ValueError) as exc:
+            log.error("cannot write the spool %s: %s", self.spool.path, exc)
+            if not self.db_ok:
                 with self._stats_lock:
-                    self.stats.refused += n
-                return Ticket(n, refused=reason)
-            ticket = Ticket(n)
-            if not self._queue:
-                self._oldest = self._clock()
-            self._queue.append(_Chunk(list(records), lines, ticket))
-            self._queued += n
-            self._cond.notify_all()
+                    self.stats.not_durable += n
+                ticket.settle(failed=n, error=f"database unreachable and the spool unwritable ({exc})")
+                return ticket
+            self._enqueue(chunk, None)  # commit before the answer instead
+            return ticket
+        try:
+            self.spool.sync(seq)
+        except OSError as exc:  # written, not known durable: the client retries (duplicates are skipped)
+            log.error("cannot fsync the spool %s: %s", self.spool.path, exc)
+            with self._stats_lock:
+                self.stats.not_durable += n
+            ticket.settle(failed=n, error=f"the spool could not be made durable ({exc})")
+            return ticket
+        ticket.settle(durable=n)
         return ticket
 
+    def _refusal(self, n: int) -> str | None:
+        with self._cond:
+            dead = self._thread is not None and not self._thread.is_alive()
+            if self._stopping or dead:
+                return "stopping"
+            if self._queued + n > self.queue_limit:
+                return "queue_full"
+        if not self.db_ok and self.spool_max_bytes and self.spool.size() >= self.spool_max_bytes:
+            return "spool_full"
+        return None
+
+    def _enqueue(self, chunk: _Chunk, mark: Mark | None) -> None:
+        chunk.mark = mark
+        with self._cond:
+            if not self._queue:
+                self._oldest = self._clock()
+            self._queue.append(chunk)
+            self._queued += len(chunk.records)
+            self._cond.notify_all()
+
     def submit(self, records: Sequence[RequestRecord]) -> bool:
-        """:meth:`offer` without waiting: True when queued."""
+        """:meth:`offer`: True when accepted."""
         return self.offer(records).refused is None
 
     @property
@@ -442,39 +652,49 @@ class Writer:
         self._thread.start()
 
     def stop(self, timeout: float = 10.0) -> bool:
-        """Stop accepting, write out everything accepted (to the spool if the database is down), stop.
+        """Stop accepting, apply what is queued (it is in the spool already), stop.
 
         True on a clean shutdown. When the thread does not finish within ``timeout`` (a database call
-        hanging), what is still queued and the batch in flight are spooled from here and False is
-        returned (should the stuck call still commit, the spooled copy replays as duplicates).
+        hanging), False: what it had not committed stays in the spool, for the next start to replay (those
+        that could not be spooled are spooled from here).
         """
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
         if self._thread is None:
             self._run()  # never started: drain inline
+            self.spool.close()
             return True
         self._thread.join(timeout)
         hung = self._thread.is_alive()
         with self._cond:
-            chunks = [c for c in self._inflight if not c.settled] + list(self._queue)
+            chunks = [c for c in self._inflight + list(self._queue) if c.mark is None and not c.settled]
+            n_queued = self._queued + sum(len(c.records) for c in self._inflight)
             self._queue.clear()
             self._queued = 0
             self._oldest = None
-        if hung or chunks:  # a database call hanging, or the thread died
-            n = sum(len(c.records) for c in chunks)
-            log.warning("writer thread did not finish (within %.1fs); spooling %d accepted records", timeout, n)
-            if chunks:
-                end = self._spool_lines([line for c in chunks for line in c.lines], n, final=True)
-                if end is not None:
-                    with self._stats_lock:
-                        self.stats.spooled += n
-                self._settle(chunks, {}, failed=end is None, error=None if end is not None else "lost at shutdown")
+        if chunks:  # accepted without a spool copy: one more try to spool them
+            records = [r for c in chunks for r in c.records]
+            try:
+                self.spool.append(records)
+                spooled = True
+            except (OSError, ValueError) as exc:
+                log.error("cannot spool %d records at shutdown, they are lost: %s", len(records), exc)
+                spooled = False
+            with self._stats_lock:
+                if spooled:
+                    self.stats.spooled += len(records)
+                else:
+                    self.stats.lost += len(records)
+            self._settle(chunks, {}, failed=not spooled, error=None if spooled else "lost at shutdown")
+        if hung:
+            log.warning("writer thread did not finish within %.1fs; %d records stay in the spool", timeout, n_queued)
             return False
-        return True
+        self.spool.close()
+        return not chunks
 
     def flush(self, timeout: float = 10.0) -> bool:
-        """Write out what is queued now, without waiting for the flush interval; True when idle in time."""
+        """Apply what is queued now, without waiting for the flush interval; True when idle in time."""
         with self._cond:
             self._flush_requested = True
             self._cond.notify_all()
@@ -489,11 +709,10 @@ class Writer:
                 chunks = self._take()
                 if chunks:
                     try:
-                        self._write(chunks)
+                        self._apply(chunks)
                     finally:
                         with self._cond:
-                            if all(c.settled for c in self._inflight):
-                                self._inflight = []
+                            self._inflight = []
                             self._cond.notify_all()
                 now = self._clock()
                 stopping = self._stopping
@@ -556,42 +775,46 @@ class Writer:
                     return []
                 self._cond.wait(timeout)
 
-    def _write(self, chunks: list[_Chunk]) -> None:
-        """Write-ahead: append the batches to the spool (one fsync for all: group commit) and settle their tickets
-        (the answers go out), then insert them and truncate the spool. The database unreachable: they stay in
-        the spool for the replay. The spool unwritable: insert first, settle after (commit before the answer)."""
+    def _apply(self, chunks: list[_Chunk]) -> None:
+        """Insert the batches (one transaction), then commit their spool marks; the database unreachable, they
+        stay in the spool for the replay (those without a spool copy are spooled now, or fail)."""
         records = [r for c in chunks for r in c.records]
-        end = self._spool_lines([line for c in chunks for line in c.lines], len(records), final=self._stopping)
-        if end is not None:
-            self._settle(chunks, {})
-        if not self.db_ok:
-            if end is None:
-                self._settle(chunks, {}, failed=True, error="database unreachable and the spool cannot take more")
+        spooled = [c for c in chunks if c.mark is not None]
+        unspooled = [c for c in chunks if c.mark is None]
+        if self.db_ok:
+            rejections: dict[int, str] = {}
+            try:
+                self._store(records, replayed=False, rejections=rejections, acknowledged=not unspooled)
+            except Exception as exc:  # unreachable (anything else is isolated by _store)
+                self._went_down(exc)
+            else:
+                marks = [c.mark for c in spooled if c.mark is not None]
+                if marks:
+                    self.spool.commit(max(marks))
+                    self.spool.finish(sync=False)
+                self._settle(unspooled, rejections)
+                return
+        # the database is down: the spool keeps what it has, for the replay
+        with self._stats_lock:
+            self.stats.spooled += sum(len(c.records) for c in spooled)
+        if unspooled:
+            lost = [r for c in unspooled for r in c.records]
+            try:
+                self.spool.append(lost)
+            except (OSError, ValueError) as exc:
+                with self._stats_lock:
+                    self.stats.not_durable += len(lost)
+                self._settle(unspooled, {}, failed=True, error=f"database unreachable and the spool unwritable ({exc})")
             else:
                 with self._stats_lock:
-                    self.stats.spooled += len(records)
-            return
-        rejections: dict[int, str] = {}
-        try:
-            self._store(records, replayed=False, acknowledged=end is not None, rejections=rejections)
-        except Exception as exc:  # unreachable (anything else is isolated by _store)
-            self._went_down(exc)
-            if end is None:
-                self._settle(chunks, rejections, failed=True, error=f"database unreachable ({self.last_error})")
-            else:
-                with self._stats_lock:
-                    self.stats.spooled += len(records)
-            return
-        if end is None:
-            self._settle(chunks, rejections)
-        else:
-            self.spool.commit(end)
-            self.spool.finish(sync=False)
+                    self.stats.spooled += len(lost)
+                self._settle(unspooled, {})
 
     def _settle(
         self, chunks: list[_Chunk], rejections: Mapping[int, str], *, failed: bool = False, error: str | None = None
     ) -> None:
-        """Tell the tickets: each record rejected (by reason) or else durable (``failed``: not durable)."""
+        """Tell the tickets of chunks without a spool copy: each record rejected (by reason) or else durable
+        (``failed``: not durable)."""
         with self._cond:
             todo = [c for c in chunks if not c.settled]
             for chunk in todo:
@@ -641,35 +864,11 @@ class Writer:
         self.db_ok = False
         self.last_error = describe(exc)
         if was_ok:
-            log.warning("database unreachable, spooling to %s: %s", self.spool.path, self.last_error)
+            log.warning("database unreachable, keeping accepted records in %s: %s", self.spool.path, self.last_error)
             self._backoff = self.retry_interval
         else:
             self._backoff = min(self._backoff * 2, self.max_retry_interval)
         self._next_retry = self._clock() + self._backoff
-
-    def _spool_lines(self, lines: list[str], n: int, *, final: bool) -> int | None:
-        """Append ``n`` records' lines to the spool (fsync'd); the spool's size after them, or None when it cannot
-        take them (over ``spool_max_bytes`` while the database is down, or unwritable)."""
-        if not lines:
-            return self.spool.size()
-        problem = None
-        if not final and not self.db_ok and self.spool_max_bytes and self.spool.size() >= self.spool_max_bytes:
-            problem = f"spool over its {self.spool_max_bytes}-byte limit"
-        else:
-            try:
-                return self.spool.append_lines(lines)
-            except (OSError, ValueError) as exc:
-                problem = f"cannot write the spool: {exc}"
-        with self._stats_lock:
-            if final:
-                self.stats.lost += n
-            else:
-                self.stats.not_durable += n
-        if final:
-            log.error("%s at shutdown: %d records are lost", problem, n)
-        else:
-            log.error("%s: %d records not accepted yet", problem, n)
-        return None
 
     def _reject(
         self, records: list[RequestRecord], exc: BaseException, *, acknowledged: bool, rejections: dict[int, str]
@@ -700,18 +899,20 @@ class Writer:
             self._went_down(exc)
 
     def _recover(self) -> None:
-        """Probe, then replay the spool in order; the database counts as back once all of it is stored."""
+        """Probe, then replay the spool from the last commit, in order, until caught up with the writes; the
+        database counts as back then, and what is queued (all of it replayed already) is dropped."""
         replayed = 0
         try:
             with deadline(self.write_timeout):
                 self._probe(self.engine)
+            self.spool.rewind()
             while True:
-                records, end = self.spool.read(self.batch_size)
+                records, mark = self.spool.read(self.batch_size)
                 if records:
                     self._store(records, replayed=True, rejections={})
                     replayed += len(records)
-                self.spool.commit(end)
-                if not records and self.spool.finish():
+                self.spool.commit(mark)
+                if not records and self.spool.finish(sync=True, then=self._drop_replayed):
                     break
         except Exception as exc:
             if not is_unreachable(exc) and not isinstance(exc, OSError):
@@ -724,6 +925,16 @@ class Writer:
         self.last_error = None
         self._backoff = self.retry_interval
         self._next_probe = self._clock() + self.probe_interval
+
+    def _drop_replayed(self) -> None:
+        """Drop the queued batches the replay has written (every one with a spool copy: the replay caught up
+        with the spool, and writes queue under its lock)."""
+        with self._cond:
+            live = [c for c in self._queue if c.mark is None]
+            self._queued = sum(len(c.records) for c in live)
+            self._queue = deque(live)
+            if not self._queue:
+                self._oldest = None
 
     def _retain(self, retention: timedelta) -> None:
         self._next_retention = self._clock() + self.retention_interval

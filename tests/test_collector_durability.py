@@ -40,8 +40,9 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, InstrumentationScope, KeyValue
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
-from sqlalchemy import Engine, func, make_url, select, text
+from sqlalchemy import Engine, create_engine, func, make_url, select, text
 from sqlalchemy.exc import IntegrityError, OperationalError
+from sqlalchemy.pool import NullPool
 
 from inferwatch.collector import db
 from inferwatch.collector.app import create_app
@@ -209,19 +210,20 @@ def test_an_export_is_answered_only_once_its_records_are_durable(store: Engine, 
 
 
 def test_concurrent_exports_share_one_fsync(store: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from inferwatch.collector import writer as writer_module
-
+    """Group commit: while one caller fsyncs the spool, the others write and wait; the next fsync covers them
+    all. The answers never wait for the database (its inserts are slow here)."""
     fsyncs: list[int] = []
-    real_append = writer_module.append_lines
+    real_fsync = os.fsync
 
-    def counting_append(path: Path, lines: Sequence[str]) -> int:
-        fsyncs.append(len(lines))
-        return real_append(path, lines)
+    def slow_fsync(fd: int) -> None:
+        fsyncs.append(fd)
+        time.sleep(0.02)  # a slow disk: the others queue up behind this fsync
+        real_fsync(fd)
 
-    monkeypatch.setattr(writer_module, "append_lines", counting_append)
+    monkeypatch.setattr(os, "fsync", slow_fsync)
 
     def slow_insert(engine: Engine, records: Sequence[RequestRecord]) -> tuple[int, int]:
-        time.sleep(0.05)  # while one transaction runs, the next exports queue up
+        time.sleep(0.05)
         return db.insert_records(engine, records)
 
     writer = Writer(store, tmp_path / "spool.jsonl", insert=slow_insert)
@@ -240,8 +242,7 @@ def test_concurrent_exports_share_one_fsync(store: Engine, tmp_path: Path, monke
     finally:
         assert writer.stop()
     assert all(r.accepted == 10 and not r.backpressure for r in results)
-    assert sum(fsyncs) == 480
-    assert len(fsyncs) < 48  # group commit: several exports per fsync
+    assert len(fsyncs) < 48 / 2  # group commit: several exports per fsync
     assert row_count(store) == 480
 
 
@@ -364,7 +365,7 @@ def test_an_out_of_range_token_count_over_http_is_a_partial_success(backend: str
 
 
 def test_a_full_spool_turns_into_503(tmp_path: Path) -> None:
-    unreachable = db.make_engine(f"sqlite:///{tmp_path / 'missing' / 'dir' / 'store.db'}")
+    unreachable = create_engine(f"sqlite:///{tmp_path / 'missing' / 'dir' / 'store.db'}", poolclass=NullPool)
     writer = Writer(unreachable, tmp_path / "spool.jsonl", spool_max_bytes=2000, retry_interval=60)
     batches = iter(range(10))
 
@@ -375,6 +376,7 @@ def test_a_full_spool_turns_into_503(tmp_path: Path) -> None:
     ingestor = Ingestor(writer, CollectorMetrics(), mapper=three_more)
     writer.start()
     try:
+        wait_until(lambda: not writer.db_ok, 10, "the start-up probe fails")
         statuses = []
         for _ in range(10):
             result = ingestor.ingest(export_of(3))

@@ -21,7 +21,7 @@ from dataclasses import dataclass, fields
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final, Literal, ParamSpec, TypeVar
 
-from sqlalchemy import Column, Engine, RowMapping, and_, case, func, or_, select, text, true
+from sqlalchemy import Column, Connection, Engine, RowMapping, and_, case, func, or_, select, text, true
 from sqlalchemy.sql.elements import ColumnElement
 
 from inferwatch.collector import db
@@ -128,6 +128,7 @@ class RequestFilter:
     model: str | None = None
     instance: str | None = None
     finish_reason: str | None = None
+    lora_adapter: str | None = None
     since: datetime | None = None
     until: datetime | None = None
     min_ttft: float | None = None
@@ -148,6 +149,7 @@ class RequestFilter:
                 ("model", self.model),
                 ("instance", self.instance),
                 ("finish_reason", self.finish_reason),
+                ("lora_adapter", self.lora_adapter),
             )
             if value is not None
         ]
@@ -264,13 +266,26 @@ def percentiles(*, engine: Engine, field: str, where: ColumnElement[bool], n: in
     return out
 
 
-def finished_since(since: datetime) -> ColumnElement[bool]:
-    """Requests that finished at or after ``since``: ``end_time >= since``, spelled so that the covering
-    (latency, start_time, …) indexes answer it for the rows that also started in the window (a request
-    ends after it starts: the sources refuse one that does not) and only older rows are read for their
-    end time."""
+MAX_LISTED_STRADDLERS: Final = 5_000
+"""Up to this many requests that started before a stats window and finished in it are named by id in the
+window's condition; beyond, the database reads each older row's end time."""
+
+
+def finished_since(conn: Connection, since: datetime) -> ColumnElement[bool]:
+    """Requests that finished at or after ``since`` (``end_time >= since``), spelled for the covering
+    (latency, start_time, …) indexes: those that started in the window finished in it (a request ends after
+    it starts: the sources refuse one that does not), and those that started earlier but finished in it
+    (the straddlers, found once here) are named by row id, which every SQLite index holds. Without the
+    straddlers each percentile walk would read the end time of every older row it passes."""
     t = REQUEST_TABLE
-    return or_(t.c.start_time >= since, t.c.end_time >= since)
+    started = t.c.start_time >= since
+    found = select(t.c.id).where(t.c.start_time < since, t.c.end_time >= since).limit(MAX_LISTED_STRADDLERS + 1)
+    straddlers = list(conn.execute(found).scalars())
+    if not straddlers:
+        return started
+    if len(straddlers) > MAX_LISTED_STRADDLERS:
+        return or_(started, t.c.end_time >= since)
+    return or_(started, t.c.id.in_(straddlers))
 
 
 @guarded
@@ -296,7 +311,6 @@ def compute_stats(
     now = now or datetime.now(UTC)
     since = now - window
     group_col: Column[Any] | None = None if group_by == "none" else t.c[group_by]
-    base_cond: ColumnElement[bool] = finished_since(since)
     failed = func.coalesce(t.c.finish_reason, "").in_(FAILED) | t.c.error.is_not(None)
     good_conds: list[ColumnElement[bool]] = [~failed]
     for field, limit in slos.items():
@@ -317,8 +331,11 @@ def compute_stats(
     groups: list[StatsGroup] = []
     with engine.connect() as conn:
         oldest = conn.execute(select(func.min(t.c.start_time))).scalar_one_or_none()
+        base_cond: ColumnElement[bool]
         if oldest is not None and (oldest if oldest.tzinfo else oldest.replace(tzinfo=UTC)) >= since:
             base_cond = true()  # every row started (so ended) in the window: index walks need no time filter
+        else:
+            base_cond = finished_since(conn, since)
         q = select(*([group_col] if group_col is not None else []), *cols).where(base_cond)
         if group_col is not None:
             q = q.group_by(group_col).order_by(group_col)

@@ -288,3 +288,37 @@ def test_db_upgrade_command(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert "database at revision" in result.stderr
     assert (tmp_path / "inferwatch.db").exists()
+
+
+def test_lora_adapter_per_request_from_simulated_tgi(client: TestClient) -> None:
+    """TGI names each request's adapter (``parameters.adapter_id``, or the OpenAI ``model``) in its
+    handler span; the collector stores it and the read API filters by it."""
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+
+    from tests.test_collector_sources import run_sim
+
+    async def fn(c: httpx.AsyncClient) -> list[int]:
+        out = []
+        for adapter in ("sql-lora", "sql-lora", "chat-lora", None):
+            params: dict[str, object] = {"max_new_tokens": 3}
+            if adapter:
+                params["adapter_id"] = adapter
+            out.append((await c.post("/generate", json={"inputs": "hi", "parameters": params})).status_code)
+        chat = {"model": "chat-lora", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+        out.append((await c.post("/v1/chat/completions", json=chat)).status_code)
+        return out
+
+    statuses, spans = run_sim("tgi", fn)
+    assert statuses == [200] * 5
+    r = client.post("/v1/traces", content=encode_spans(spans).SerializeToString(), headers={"content-type": PB})
+    assert r.status_code == 200, r.text
+    flush(client)
+
+    def adapters(**params: str) -> list[str | None]:
+        page = client.get("/api/v1/requests", params={"limit": 100, **params}).json()
+        return sorted((row["lora_adapter"] for row in page["data"]), key=str)
+
+    assert adapters() == [None, "chat-lora", "chat-lora", "sql-lora", "sql-lora"]
+    assert adapters(lora_adapter="sql-lora") == ["sql-lora", "sql-lora"]
+    assert adapters(lora_adapter="chat-lora") == ["chat-lora", "chat-lora"]
+    assert adapters(lora_adapter="none-such") == []

@@ -102,9 +102,16 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 
 
 # Signals an engine exposes only with a feature the simulators run without: vLLM registers its
-# speculative-decoding counters only with --speculative-config (the simulated trtllm-serve speculates).
+# speculative-decoding counters only with --speculative-config (the simulated trtllm-serve speculates),
+# its LoRA gauge only with --enable-lora.
 FEATURE_GATED: dict[str, tuple[V.MetricSpec, ...]] = {
-    V.ENGINE_VLLM: (V.SPEC_DECODE_DRAFT_TOKENS, V.SPEC_DECODE_ACCEPTED_TOKENS),
+    V.ENGINE_VLLM: (
+        V.SPEC_DECODE_DRAFT_TOKENS,
+        V.SPEC_DECODE_ACCEPTED_TOKENS,
+        # only with --enable-lora (the simulated vLLM serves no adapters)
+        V.LORA_ADAPTER_ACTIVE,
+        V.LORA_ADAPTERS_MAX,
+    ),
 }
 
 

@@ -15,6 +15,7 @@ from inferwatch.exporters.model import Snapshot
 from tests.conftest import ENGINE_FIXTURES
 
 REAL = ENGINE_FIXTURES / "vllm" / "0.32.0-cpu"
+LORA = ENGINE_FIXTURES / "vllm" / "0.32.0-cpu-lora"
 FACTS = yaml.safe_load((REAL / "fixture.yaml").read_text())["facts"]
 
 
@@ -171,3 +172,36 @@ def test_slo_threshold_on_a_vllm_boundary_is_exact() -> None:
     assert h is not None and h.counts is not None
     assert h.counts[h.bounds.index(2.0)] == 39.0  # vLLM's own le="2.0" bucket
     assert h.counts[h.bounds.index(1.28)] == 8.0  # not a vLLM bound: the count at le="1.0", never more
+
+
+def test_lora_newest_series_becomes_one_gauge_per_adapter() -> None:
+    """vLLM keeps every (max_lora, running, waiting) tuple it ever reported, valued with the time it was
+    last current (vllm.md §1.4): only the newest counts; its comma lists become one series per adapter.
+    The real capture (--max-loras 1, two adapters under load): load-2's newest tuple names chat-lora,
+    the final one (after the load) no adapter."""
+    facts = yaml.safe_load((LORA / "fixture.yaml").read_text())["facts"]
+    snap = translate(LORA / "metrics-load-2.txt")
+    active = {dict(key)[V.LABEL_LORA_ADAPTER] for key in snap.values.get(V.LORA_ADAPTER_ACTIVE, {})}
+    newest = facts["load-2"]["lora_newest"]
+    assert active == set(newest["running"]) | set(newest["waiting"]) == {"chat-lora"}
+    assert snap.value(V.LORA_ADAPTERS_MAX) == facts["max_lora"] == 1
+    final = translate(LORA / "metrics-final.txt")
+    assert V.LORA_ADAPTER_ACTIVE not in final.values and final.value(V.LORA_ADAPTERS_MAX) == 1
+    # without the family (no --enable-lora): no LoRA series at all
+    plain = translate(REAL / "metrics-final.txt")
+    assert V.LORA_ADAPTER_ACTIVE not in plain.values and V.LORA_ADAPTERS_MAX not in plain.values
+
+
+def test_lora_lists_are_joined_into_one_series_per_adapter(tmp_path: Path) -> None:
+    info, (running, waiting) = vllm_engine.LORA_INFO, vllm_engine.LORA_LISTS
+    lines = [
+        f"# TYPE {info} gauge",
+        f'{info}{{max_lora="2",{running}="old-lora",{waiting}="old-lora"}} 1.7e9',
+        f'{info}{{max_lora="2",{running}="sql-lora,chat-lora",{waiting}="chat-lora,code-lora"}} 1.8e9',
+    ]
+    payload = tmp_path / "lora.txt"
+    payload.write_text((REAL / "metrics-final.txt").read_text() + "\n".join(lines) + "\n")
+    snap = translate(payload)
+    keys = snap.values.get(V.LORA_ADAPTER_ACTIVE, {})
+    assert sorted(dict(k)[V.LABEL_LORA_ADAPTER] for k in keys) == ["chat-lora", "code-lora", "sql-lora"]
+    assert {dict(k)[V.LABEL_MODEL] for k in keys} == {"tiny-llama"}

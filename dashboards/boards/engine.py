@@ -10,6 +10,7 @@ from inferwatch.dashboards.model import (
     NOTE,
     TABLE,
     TIMESERIES,
+    UNIT_COUNT,
     UNIT_NONE,
     UNIT_RATIO,
     UNIT_REQPS,
@@ -69,6 +70,11 @@ INSTANCE_QUANTILE = 0.95
 SPEC_DECODE_IDLE = (
     "No data yet for this selection and time range; an engine that counts speculative tokens reports them "
     "only while speculative decoding is enabled."
+)
+
+LORA_IDLE = (
+    "No LoRA adapter has requests in this selection and time range; an engine that reports LoRA adapters does so "
+    "only while serving with LoRA enabled."
 )
 
 
@@ -433,6 +439,56 @@ def board() -> DashboardSpec:
             TABLE,
             24,
             6,
+        ),
+        Panel(
+            "LoRA adapters with requests",
+            describe(
+                "Every LoRA adapter with requests running or waiting now, per instance (requests of an adapter "
+                "wait when more adapters are busy than fit at once)",
+                V.LORA_ADAPTER_ACTIVE,
+            ),
+            UNIT_NONE,
+            (
+                Query(
+                    gauge(V.LORA_ADAPTER_ACTIVE, "max", (*EMI, V.LABEL_LORA_ADAPTER)),
+                    legend_format((*EMI, V.LABEL_LORA_ADAPTER)),
+                    (V.LORA_ADAPTER_ACTIVE,),
+                    True,
+                    TABLE,
+                ),
+            ),
+            TABLE,
+            12,
+            8,
+            idle=LORA_IDLE,
+        ),
+        Panel(
+            "LoRA adapters busy vs slots",
+            describe(
+                "Adapters with requests, against how many the engine holds at once: more busy adapters than slots "
+                "mean requests wait for an adapter swap, not for KV cache",
+                V.LORA_ADAPTER_ACTIVE,
+                V.LORA_ADAPTERS_MAX,
+            ),
+            UNIT_COUNT,
+            (
+                Query(
+                    f"count by ({label_list(EMI)}) ({V.LORA_ADAPTER_ACTIVE.name}{selector()})",
+                    legend_format(EMI, "busy"),
+                    (V.LORA_ADAPTER_ACTIVE,),
+                    True,
+                ),
+                Query(
+                    gauge(V.LORA_ADAPTERS_MAX, "max", EMI),
+                    legend_format(EMI, "slots"),
+                    (V.LORA_ADAPTERS_MAX,),
+                    True,
+                ),
+            ),
+            TIMESERIES,
+            12,
+            8,
+            idle=LORA_IDLE,
         ),
         Row("Request lengths"),
     ]

@@ -63,6 +63,8 @@ ROWS: tuple[Row, ...] = (
 )
 
 CACHE_CONFIG_INFO = "vllm:cache_config_info"
+LORA_INFO = "vllm:lora_requests_info"
+LORA_LISTS = ("running_lora_adapters", "waiting_lora_adapters")
 RUNNING_GAUGE = "vllm:num_requests_running"
 
 # Known vLLM families that carry no canonical signal (or one we derive elsewhere).
@@ -92,7 +94,6 @@ IGNORED = frozenset(
         "vllm:request_inference_time_seconds",
         "vllm:request_num_preemptions",
         "vllm:request_prefill_kv_computed_tokens",
-        "vllm:lora_requests_info",
         "vllm:spec_decode_num_drafts",
         "vllm:spec_decode_num_accepted_tokens_per_pos",
         "vllm:kv_block_lifetime_seconds",
@@ -146,8 +147,36 @@ def _num(value: str | None) -> float | None:
         return None
 
 
+def _lora(parsed: ParsedText, ctx: TranslateContext, snap: Snapshot, models: set[str]) -> None:
+    """``lora_requests_info`` -> ``LORA_ADAPTER_ACTIVE`` per adapter, and ``LORA_ADAPTERS_MAX``.
+
+    vLLM keeps one series per (max_lora, running, waiting) tuple it ever reported, each valued with
+    the time of its last update: the newest is the current one. The adapter lists are comma-joined
+    names. Through 0.33 both lists hold the same names, every adapter with requests either running or
+    waiting (``LoRARequestStates.update_scheduler_stats`` fills both dicts in one loop, counts that the
+    join drops): the union is what is known, whether a request of the adapter runs or waits is not.
+    The gauge has no ``model_name`` and no ``engine``, so it applies to every model served."""
+    newest: tuple[dict[str, str], float] | None = None
+    for labels, value in first(parsed, ADAPTER, LORA_INFO):
+        if newest is None or value > newest[1]:
+            newest = (dict(labels), value)
+    if newest is None:
+        return
+    current = newest[0]
+    max_lora = _num(current.get("max_lora"))
+    names = dict.fromkeys(n.strip() for label in LORA_LISTS for n in current.get(label, "").split(","))
+    for model in sorted(models):
+        base = {V.LABEL_MODEL: model} if model else {}
+        if max_lora is not None:
+            snap.set_value(V.LORA_ADAPTERS_MAX, ctx.key(dict(base)), max_lora)
+        for name in names:
+            if name:
+                snap.set_value(V.LORA_ADAPTER_ACTIVE, ctx.key({**base, V.LABEL_LORA_ADAPTER: name}), 1.0)
+
+
 def hook(parsed: ParsedText, ctx: TranslateContext, snap: Snapshot) -> None:
-    """``cache_config_info`` -> ``KV_CACHE_CAPACITY`` and ``ENGINE_INFO``.
+    """``cache_config_info`` -> ``KV_CACHE_CAPACITY`` and ``ENGINE_INFO``; ``lora_requests_info`` ->
+    the LoRA gauges (:func:`_lora`).
 
     The info gauge has config fields as labels and ``engine`` but no ``model_name``; it applies to
     every model that the same engine rank serves.
@@ -157,6 +186,7 @@ def hook(parsed: ParsedText, ctx: TranslateContext, snap: Snapshot) -> None:
         d = dict(labels)
         models_by_rank.setdefault(d.get("engine"), set()).add(d.get("model_name", ""))
     all_models = set().union(*models_by_rank.values()) if models_by_rank else {""}
+    _lora(parsed, ctx, snap, all_models)
     for labels, _ in first(parsed, ADAPTER, CACHE_CONFIG_INFO):
         cfg = dict(labels)
         rank = cfg.get("engine")
@@ -188,9 +218,9 @@ ADAPTER = EngineAdapter(
     prefixes=(PREFIX, "vllm_"),
     unsupported=vllm_facts.PROFILE.unsupported,
     ignored=IGNORED,
-    extra_samples=(CACHE_CONFIG_INFO,),
+    extra_samples=(CACHE_CONFIG_INFO, LORA_INFO),
     hook=hook,
-    hook_metrics=(V.KV_CACHE_CAPACITY, V.ENGINE_INFO),
+    hook_metrics=(V.KV_CACHE_CAPACITY, V.LORA_ADAPTER_ACTIVE, V.LORA_ADAPTERS_MAX, V.ENGINE_INFO),
     aliases=aliases,
     info_path="/version",
     parse_info=version_info,

@@ -44,6 +44,7 @@ LABEL_OUTCOME: Final = "outcome"
 LABEL_METRIC: Final = "metric"
 LABEL_TARGET: Final = "target"
 LABEL_REASON: Final = "reason"
+LABEL_LORA_ADAPTER: Final = "lora_adapter"
 LABEL_LE: Final = "le"
 # llm_engine_info labels (config facts an engine reveals)
 LABEL_ENGINE_VERSION: Final = "engine_version"
@@ -71,6 +72,7 @@ LABEL_ORDER: Final[tuple[str, ...]] = (
     LABEL_METRIC,
     LABEL_TARGET,
     LABEL_REASON,
+    LABEL_LORA_ADAPTER,
     *INFO_LABELS,
 )
 
@@ -365,6 +367,24 @@ KV_CACHE_CAPACITY: Final = MetricSpec(
     "KV cache capacity in tokens (blocks x block size).",
     aggregation=Aggregation.MAX,
 )
+LORA_ADAPTER_ACTIVE: Final = MetricSpec(
+    "lora_adapter_active",
+    "llm_lora_adapter_active",
+    Kind.GAUGE,
+    "",
+    "1 for each LoRA adapter with requests in the engine (running or waiting); absent when it has none. "
+    "Engines report which adapters are busy, not how many requests each has.",
+    labels=(LABEL_LORA_ADAPTER,),
+    aggregation=Aggregation.MAX,
+)
+LORA_ADAPTERS_MAX: Final = MetricSpec(
+    "lora_adapters_max",
+    "llm_lora_adapters_max",
+    Kind.GAUGE,
+    "",
+    "How many LoRA adapters the engine holds on the GPU at once (more adapters with requests than this queue).",
+    aggregation=Aggregation.MAX,
+)
 ENGINE_INFO: Final = MetricSpec(
     "engine_info",
     "llm_engine_info",
@@ -536,6 +556,8 @@ CANONICAL_METRICS: Final[tuple[MetricSpec, ...]] = (
     REQUESTS_WAITING,
     KV_CACHE_USAGE,
     KV_CACHE_CAPACITY,
+    LORA_ADAPTER_ACTIVE,
+    LORA_ADAPTERS_MAX,
     ENGINE_INFO,
 )
 """Engine signals, in rendering order."""

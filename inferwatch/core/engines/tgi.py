@@ -118,6 +118,10 @@ UNSUPPORTED: dict[str, str] = {
     V.PREFIX_CACHE_QUERIED_TOKENS.key: "TGI exposes no prefix-cache metric.",
     V.PREFIX_CACHE_HIT_TOKENS.key: "TGI exposes no prefix-cache metric.",
     V.SPEC_DECODE_DRAFT_TOKENS.key: "TGI reports only accepted speculative tokens, not drafts.",
+    V.LORA_ADAPTER_ACTIVE.key: "TGI's metrics name no LoRA adapter; the collector stores each request's "
+    "adapter_id from its traces.",
+    V.LORA_ADAPTERS_MAX.key: "TGI's metrics name no LoRA adapter; the collector stores each request's "
+    "adapter_id from its traces.",
 }
 
 UNLABELLED: dict[str, str] = {

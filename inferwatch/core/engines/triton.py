@@ -61,6 +61,8 @@ UNSUPPORTED: dict[str, str] = {
     V.PREFIX_CACHE_QUERIED_TOKENS.key: "Only reused blocks are exported, no lookups or misses.",
     V.SPEC_DECODE_DRAFT_TOKENS.key: "Speculative-decoding stats are not exported by the backend.",
     V.SPEC_DECODE_ACCEPTED_TOKENS.key: "Speculative-decoding stats are not exported by the backend.",
+    V.LORA_ADAPTER_ACTIVE.key: "The TensorRT-LLM backend's metrics name no LoRA adapter.",
+    V.LORA_ADAPTERS_MAX.key: "The TensorRT-LLM backend's metrics name no LoRA adapter.",
 }
 
 UNLABELLED: dict[str, str] = {

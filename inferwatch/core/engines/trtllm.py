@@ -81,6 +81,8 @@ UNSUPPORTED: dict[str, str] = {
     V.REQUEST_PROMPT_TOKENS.key: "trtllm-serve has token counters but no per-request token histogram.",
     V.REQUEST_GENERATION_TOKENS.key: "trtllm-serve has token counters but no per-request token histogram.",
     V.PREEMPTIONS.key: "No TensorRT-LLM metric counts preemptions (num_paused_requests is a gauge).",
+    V.LORA_ADAPTER_ACTIVE.key: "Neither trtllm-serve's metrics nor its iteration stats name LoRA adapters.",
+    V.LORA_ADAPTERS_MAX.key: "Neither trtllm-serve's metrics nor its iteration stats name LoRA adapters.",
 }
 
 UNLABELLED: dict[str, str] = {

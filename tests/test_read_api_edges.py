@@ -189,8 +189,13 @@ def test_stats_windows_hold_the_requests_that_finished_in_them(client: TestClien
     assert everything[0]["requests"] == 11 and everything[0]["time_to_first_token"]["p99"] == 900.0
 
 
-def test_compute_stats_by_end_time_on_the_index_walk(client: TestClient) -> None:
-    """The store function itself, with a fixed clock, past the "every row is in the window" shortcut."""
+@pytest.mark.parametrize("listed", [store.MAX_LISTED_STRADDLERS, 0])
+def test_compute_stats_by_end_time_on_the_index_walk(
+    client: TestClient, listed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store function itself, with a fixed clock, past the "every row is in the window" shortcut; the
+    requests that straddle the window's start named by id, or (too many of them) found by their end time."""
+    monkeypatch.setattr(store, "MAX_LISTED_STRADDLERS", listed)
     engine = client.app.state.collector.engine  # type: ignore[attr-defined]
     t0 = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
     rows = [record(i, start=t0 + timedelta(seconds=i), seconds=1.0, time_to_first_token=float(i)) for i in range(100)]

@@ -152,9 +152,10 @@ def _lora(parsed: ParsedText, ctx: TranslateContext, snap: Snapshot, models: set
 
     vLLM keeps one series per (max_lora, running, waiting) tuple it ever reported, each valued with
     the time of its last update: the newest is the current one. The adapter lists are comma-joined
-    names. Through 0.33 both lists hold the same names, every adapter with requests either running or
-    waiting (``LoRARequestStates.update_scheduler_stats`` fills both dicts in one loop, counts that the
-    join drops): the union is what is known, whether a request of the adapter runs or waits is not.
+    names. In 0.32.0 (the captured release) both lists hold the same names, every adapter with requests
+    either running or waiting (``LoRARequestStates.update_scheduler_stats`` fills both dicts in one
+    loop, with counts that the join drops): the union is what is known, not whether an adapter's
+    requests run or wait.
     The gauge has no ``model_name`` and no ``engine``, so it applies to every model served."""
     newest: tuple[dict[str, str], float] | None = None
     for labels, value in first(parsed, ADAPTER, LORA_INFO):

@@ -300,6 +300,13 @@ class TargetScraper:
             facts=self.facts,
         )
 
+    def state(self) -> str | None:
+        """None while the last scrape succeeded; else why it failed (or that none has succeeded yet)."""
+        with self._state_lock:
+            if self._last_error is not None:
+                return self._last_error
+            return None if self._ever_ok else "not scraped yet"
+
     def _state_error(self, message: str, reason: str) -> None:
         """Log a failure once per change of reason (not per scrape)."""
         with self._state_lock:

@@ -68,6 +68,20 @@ class Exporter:
             snaps = [s.collect(f) for s, f in zip(self.scrapers, flights, strict=True)]
             return render(merge_snapshots(snaps), self.vocabulary)
 
+    def readiness(self) -> tuple[bool, str]:
+        """Scrape every target now (sharing any scrape in flight) and say whether all answered: the
+        exporter is ready when its engines are reachable and serve metrics it can read."""
+        with self._serving():
+            flights = [s.begin() for s in self.scrapers]
+            for scraper, flight in zip(self.scrapers, flights, strict=True):
+                scraper.collect(flight)
+        lines = []
+        for scraper in self.scrapers:
+            why = scraper.state()
+            lines.append(f"{scraper.target.label} ({scraper.engine_label}): {'ok' if why is None else why}")
+        ready = all(s.state() is None for s in self.scrapers)
+        return ready, "\n".join(lines) + "\n"
+
     @contextmanager
     def _serving(self) -> Iterator[None]:
         with self._idle:
@@ -101,8 +115,13 @@ class Exporter:
                         self.send_error(500, "internal error rendering metrics")
                         return
                     self._send(200, CONTENT_TYPE, body)
-                elif path in ("/-/healthy", "/-/ready"):
+                elif path in ("/healthz", "/-/healthy"):
+                    # alive: this process answers (whatever its engines do)
                     self._send(200, "text/plain; charset=utf-8", b"OK\n")
+                elif path in ("/readyz", "/-/ready"):
+                    # ready: every target answered a scrape just now
+                    ready, report = exporter.readiness()
+                    self._send(200 if ready else 503, "text/plain; charset=utf-8", report.encode())
                 elif path == "/":
                     targets = "".join(f"<li>{s.target.label} ({s.engine_label})</li>" for s in exporter.scrapers)
                     page = (

@@ -74,6 +74,36 @@ def test_serves_canonical_then_flips_up_when_engine_stops(registry: EngineRegist
         exporter.stop()
 
 
+def test_healthz_is_the_process_readyz_the_engines(registry: EngineRegistry, vllm_engine: ReplayServer) -> None:
+    """/healthz: the exporter answers (a liveness probe must not restart it for an engine's outage);
+    /readyz: every target answers a scrape now, with each target's state in the body."""
+    down = f"http://127.0.0.1:{free_port()}"
+    exporter = make_exporter(
+        registry,
+        TargetConfig(url=vllm_engine.url, name="vllm-0", labels={"replica": "a"}),
+        TargetConfig(url=down, name="vllm-1", labels={"replica": "b"}),
+    )
+    addr = exporter.start()
+    base = f"http://{addr[0]}:{addr[1]}"
+    try:
+        assert httpx.get(f"{base}/healthz", timeout=5).status_code == 200
+        r = httpx.get(f"{base}/readyz", timeout=10)
+        assert r.status_code == 503
+        assert "vllm-0 (vllm): ok" in r.text and f"vllm-1 ({V.UNKNOWN}): {V.SCRAPE_ERROR_UNREACHABLE}" in r.text, r.text
+        ready = make_exporter(registry, TargetConfig(url=vllm_engine.url, name="vllm-0"))
+        one = ready.start()
+        try:
+            r = httpx.get(f"http://{one[0]}:{one[1]}/readyz", timeout=10)
+            assert r.status_code == 200 and r.text == "vllm-0 (vllm): ok\n"
+            vllm_engine.stop()
+            assert httpx.get(f"http://{one[0]}:{one[1]}/readyz", timeout=10).status_code == 503
+            assert httpx.get(f"http://{one[0]}:{one[1]}/healthz", timeout=5).status_code == 200
+        finally:
+            ready.stop()
+    finally:
+        exporter.stop()
+
+
 class _Handler(BaseHTTPRequestHandler):
     mode = "garbage"
 

@@ -249,6 +249,9 @@ def serve(
     --timeout deadline (a tenth of a second later at most), and concurrent scrapes of one engine
     share its request. On SIGTERM it stops
     listening, waits at most --grace seconds for the scrapes being served, and exits.
+
+    Probes: /healthz answers 200 while the process serves (liveness); /readyz scrapes every target
+    and answers 200 when all answered, 503 otherwise, one line per target with its state (readiness).
     """
     from inferwatch.exporters.engines import builtin_registry
     from inferwatch.exporters.server import Exporter

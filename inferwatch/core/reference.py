@@ -27,12 +27,15 @@ def markdown(vocabulary: V.Vocabulary) -> str:
         "",
         f"`{V.LABEL_OUTCOME}` is one of {', '.join(f'`{o}`' for o in V.OUTCOMES)}.",
         "",
+        "The `llm_client_*` series come from `inferwatch proxy` in front of an engine's HTTP API: what the "
+        "client sees, under names of their own so that a fleet with both never counts a request twice.",
+        "",
         "## Bucket layouts",
         "",
         "`le` values are written exactly as below (so that rules can match them as strings).",
         "",
     ]
-    for spec in V.HISTOGRAMS:
+    for spec in (m for m in V.ALL_METRICS if m.kind is V.Kind.HISTOGRAM):
         lines.append(f"- `{spec.name}`: {', '.join(vocabulary.le_strings(spec))}")
     lines.append("")
     return "\n".join(lines)

@@ -569,7 +569,91 @@ HEALTH_METRICS: Final[tuple[MetricSpec, ...]] = (
     EXPORTER_INEXACT_BUCKETS,
     EXPORTER_LAST_SCRAPE_ERROR,
 )
-ALL_METRICS: Final[tuple[MetricSpec, ...]] = CANONICAL_METRICS + HEALTH_METRICS
+
+# --- what the client sees: ``inferwatch proxy`` in front of an engine's HTTP API ---------------
+# Own names (``llm_client_*``), never the engine's: a fleet with both never counts a request twice,
+# and a dashboard or SLO picks one side or the other explicitly.
+LABEL_ESTIMATED: Final = "estimated"
+"""``true`` when the proxy counted the tokens itself (the response carried no usage)."""
+
+CLIENT_TIME_TO_FIRST_TOKEN: Final = _hist(
+    "client_time_to_first_token",
+    "llm_client_time_to_first_token_seconds",
+    "seconds",
+    "Per request, measured at inferwatch proxy: from the request's arrival to the first response chunk "
+    "that carries generated content (what the client waits; the engine's own TTFT plus the API server, "
+    "tokenizer, detokenizer and the network between them).",
+    BUCKETS_TTFT,
+)
+CLIENT_CHUNK_GAP: Final = _hist(
+    "client_chunk_gap",
+    "llm_client_chunk_gap_seconds",
+    "seconds",
+    "Every gap between consecutive content chunks of a streamed response, at the proxy (a chunk may carry "
+    "several tokens: a stall the user sees, not a per-token latency).",
+    BUCKETS_TPOT,
+)
+CLIENT_TIME_PER_OUTPUT_TOKEN: Final = _hist(
+    "client_time_per_output_token",
+    "llm_client_time_per_output_token_seconds",
+    "seconds",
+    "Per streamed request at the proxy: (duration - TTFT) / (output tokens - 1).",
+    BUCKETS_TPOT,
+)
+CLIENT_REQUEST_DURATION: Final = _hist(
+    "client_request_duration",
+    "llm_client_request_duration_seconds",
+    "seconds",
+    "Per request at the proxy: from its arrival to the last byte of the response (or the client going away).",
+    BUCKETS_REQUEST_DURATION,
+)
+CLIENT_REQUESTS: Final = MetricSpec(
+    "client_requests",
+    "llm_client_requests_total",
+    Kind.COUNTER,
+    "",
+    "Generation requests finished at the proxy, by outcome: stop, length, abort (the client went away "
+    "before the end; the upstream request was cancelled) or error (an error status, the upstream failed "
+    "or timed out, or the stream was cut).",
+    labels=(LABEL_OUTCOME,),
+)
+CLIENT_PROMPT_TOKENS: Final = MetricSpec(
+    "client_prompt_tokens",
+    "llm_client_prompt_tokens_total",
+    Kind.COUNTER,
+    "tokens",
+    "Prompt tokens of the requests through the proxy, from the response's usage (estimated=false) or "
+    "counted by the proxy (estimated=true).",
+    labels=(LABEL_ESTIMATED,),
+)
+CLIENT_GENERATION_TOKENS: Final = MetricSpec(
+    "client_generation_tokens",
+    "llm_client_generation_tokens_total",
+    Kind.COUNTER,
+    "tokens",
+    "Generated tokens of the requests through the proxy, from the response's usage (estimated=false) or "
+    "counted by the proxy, one per content chunk (estimated=true).",
+    labels=(LABEL_ESTIMATED,),
+)
+CLIENT_METRICS: Final[tuple[MetricSpec, ...]] = (
+    CLIENT_TIME_TO_FIRST_TOKEN,
+    CLIENT_CHUNK_GAP,
+    CLIENT_TIME_PER_OUTPUT_TOKEN,
+    CLIENT_REQUEST_DURATION,
+    CLIENT_REQUESTS,
+    CLIENT_PROMPT_TOKENS,
+    CLIENT_GENERATION_TOKENS,
+)
+"""What ``inferwatch proxy`` serves on its /metrics (with engine and model labels)."""
+CLIENT_COUNTERPARTS: Final[dict[str, MetricSpec]] = {
+    TIME_TO_FIRST_TOKEN.key: CLIENT_TIME_TO_FIRST_TOKEN,
+    TIME_PER_OUTPUT_TOKEN.key: CLIENT_TIME_PER_OUTPUT_TOKEN,
+    REQUEST_DURATION.key: CLIENT_REQUEST_DURATION,
+    REQUESTS.key: CLIENT_REQUESTS,
+}
+"""Engine-side metric key -> the proxy's measurement of the same thing (SLOs ``measured_at: proxy``)."""
+
+ALL_METRICS: Final[tuple[MetricSpec, ...]] = CANONICAL_METRICS + HEALTH_METRICS + CLIENT_METRICS
 HISTOGRAMS: Final[tuple[MetricSpec, ...]] = tuple(m for m in CANONICAL_METRICS if m.kind is Kind.HISTOGRAM)
 LATENCY_HISTOGRAMS: Final[tuple[MetricSpec, ...]] = tuple(m for m in HISTOGRAMS if m.unit == "seconds")
 

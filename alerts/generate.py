@@ -42,15 +42,17 @@ def sli_queries(slo: SLO, window: str, vocabulary: V.Vocabulary) -> tuple[str, s
     by = _by(slo)
     lat = slo.indicator.latency
     if lat is not None:
-        spec = V.metric_by_key(lat.metric)
+        spec = lat.histogram()
         sel = _matchers(slo.selector)
         le = V.format_le(lat.threshold_seconds)
         total = f"sum{by} (rate({spec.name}_count{sel}[{window}]))"
         good = f"sum{by} (rate({spec.name}_bucket{_matchers(slo.selector, {V.LABEL_LE: le})}[{window}]))"
         return f"({total} - {good})", total
+    assert slo.indicator.errors is not None
+    requests = slo.indicator.errors.counter()
     errors_sel = _matchers(slo.selector, {V.LABEL_OUTCOME: V.OUTCOME_ERROR})
-    total = f"sum{by} (rate({V.REQUESTS.name}{_matchers(slo.selector)}[{window}]))"
-    errors = f"(sum{by} (rate({V.REQUESTS.name}{errors_sel}[{window}])) or {total} * 0)"
+    total = f"sum{by} (rate({requests.name}{_matchers(slo.selector)}[{window}]))"
+    errors = f"(sum{by} (rate({requests.name}{errors_sel}[{window}])) or {total} * 0)"
     return errors, total
 
 
@@ -95,8 +97,11 @@ def slo_rules(slo: SLO, spec: SLOFile, vocabulary: V.Vocabulary) -> list[dict[st
     kind = "latency" if slo.indicator.latency else "errors"
     info = {**labels, "objective": decimal_text(slo.objective_ratio), "period": slo.period, "indicator": kind}
     if slo.indicator.latency:
-        info["metric"] = V.metric_by_key(slo.indicator.latency.metric).name
+        info["metric"] = slo.indicator.latency.histogram().name
         info["threshold_seconds"] = V.format_le(slo.indicator.latency.threshold_seconds)
+    else:
+        assert slo.indicator.errors is not None
+        info["metric"] = slo.indicator.errors.counter().name
     rules.append(_record(V.SLO_INFO_RECORD, "vector(1)", info))
     return rules
 

@@ -356,3 +356,79 @@ def test_two_slo_files_with_the_same_slo_name_do_not_collide(tmp_path: Path) -> 
         [promtool, "test", "rules", "two_services.yaml"], cwd=tmp_path, capture_output=True, text=True, timeout=120
     )
     assert result.returncode == 0 and "SUCCESS" in result.stdout, result.stdout + result.stderr
+
+
+def test_an_slo_measured_at_the_proxy_reads_the_client_series(tmp_path: Path) -> None:
+    """TGI has no TTFT histogram; ``measured_at: proxy`` makes a TTFT SLO for it from what inferwatch
+    proxy measured (llm_client_*), and an availability SLO from the proxy's outcomes; the engine's
+    series of the same model do not count."""
+    from inferwatch.alerts.generate import generate
+    from inferwatch.core.slo import parse
+
+    promtool = require_tool("promtool")
+    vocab = V.Vocabulary()
+    spec = parse(
+        "service: chat\nslos:\n"
+        "  - name: ttft-500ms\n    objective: 99\n"
+        "    indicator: {latency: {metric: time_to_first_token, threshold_seconds: 0.5, measured_at: proxy}}\n"
+        "    group_by: [model]\n"
+        "  - name: availability\n    objective: 99.9\n    indicator: {errors: {measured_at: proxy}}\n"
+        "    group_by: [model]\n",
+        "chat.yaml",
+        vocab,
+    )
+    (tmp_path / "chat.yml").write_text(generate(spec, vocab)["rules.yml"])
+    client, engine = V.CLIENT_TIME_TO_FIRST_TOKEN.name, V.TIME_TO_FIRST_TOKEN.name
+    requests = V.CLIENT_REQUESTS.name
+    series = [
+        # at the proxy: 600 req/min, 480 within 0.5 s; 60 of them errors
+        (f'{client}_count{{engine="tgi",model="m"}}', "0+600x10"),
+        (f'{client}_bucket{{engine="tgi",model="m",le="0.5"}}', "0+480x10"),
+        (f'{requests}{{engine="tgi",model="m",outcome="stop"}}', "0+540x10"),
+        (f'{requests}{{engine="tgi",model="m",outcome="error"}}', "0+60x10"),
+        # an engine-side TTFT of the same model (all fast) is not read
+        (f'{engine}_count{{engine="vllm",model="m"}}', "0+600x10"),
+        (f'{engine}_bucket{{engine="vllm",model="m",le="0.5"}}', "0+600x10"),
+    ]
+    ratio = V.slo_error_ratio("5m")
+
+    def sample(slo: str, value: float) -> dict[str, Any]:
+        return {"labels": f'{ratio}{{service="chat",slo="{slo}",model="m"}}', "value": value}
+
+    test = {
+        "rule_files": ["chat.yml"],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [{"series": s, "values": v} for s, v in series],
+                "promql_expr_test": [
+                    {
+                        "expr": ratio,
+                        "eval_time": "10m",
+                        "exp_samples": [sample("ttft-500ms", 0.2), sample("availability", 0.1)],
+                    }
+                ],
+            }
+        ],
+    }
+    (tmp_path / "proxy.yaml").write_text(yaml.safe_dump(test, sort_keys=False))
+    result = subprocess.run(
+        [promtool, "test", "rules", "proxy.yaml"], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0 and "SUCCESS" in result.stdout, result.stdout + result.stderr
+    info = [r for g in yaml.safe_load(generate(spec, vocab)["rules.yml"])["groups"] for r in g["rules"]]
+    metrics = {r["labels"]["metric"] for r in info if r.get("record") == V.SLO_INFO_RECORD}
+    assert metrics == {client, requests}
+
+
+def test_measured_at_proxy_needs_a_latency_the_proxy_measures() -> None:
+    from inferwatch.core.slo import SLOFileError, parse
+
+    with pytest.raises(SLOFileError, match="the proxy does not measure 'request_queue'"):
+        parse(
+            "slos:\n  - name: q\n    objective: 99\n"
+            "    indicator: {latency: {metric: request_queue, threshold_seconds: 1.0, measured_at: proxy}}\n",
+            "bad.yaml",
+            V.Vocabulary(),
+        )

@@ -42,11 +42,12 @@ def _slo_panels(slo: SLO, service: str) -> list[Panel | Row]:
     about = slo.description or slo.name
     lat = slo.indicator.latency
     if lat is not None:
-        metric = V.metric_by_key(lat.metric)
+        metric = lat.histogram()
         sli = f"share of requests with {metric.name} at most {V.format_le(lat.threshold_seconds)} s"
     else:
-        metric = V.REQUESTS
-        sli = f"share of finished requests ({V.REQUESTS.name}) whose outcome is not {V.OUTCOME_ERROR}"
+        assert slo.indicator.errors is not None
+        metric = slo.indicator.errors.counter()
+        sli = f"share of finished requests ({metric.name}) whose outcome is not {V.OUTCOME_ERROR}"
     signals = (metric,)
     objective = decimal_text(slo.objective_ratio)
     budget = decimal_text(slo.error_budget)

@@ -42,11 +42,17 @@ def period_hours(period: str) -> float:
     return int(m.group(1)) * _HOURS[m.group(2)]
 
 
+MeasuredAt = Literal["engine", "proxy"]
+"""Where an SLI is measured: the engine's own metrics (its exporter), or ``inferwatch proxy`` in front
+of it (``llm_client_*``: what the client sees, and the only TTFT TGI has)."""
+
+
 class LatencyIndicator(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     metric: str
     threshold_seconds: float = Field(gt=0)
+    measured_at: MeasuredAt = "engine"
 
     @field_validator("metric")
     @classmethod
@@ -56,9 +62,29 @@ class LatencyIndicator(BaseModel):
             raise ValueError(f"unknown latency metric {value!r}; one of: {', '.join(keys)}")
         return value
 
+    @model_validator(mode="after")
+    def _proxy_measures_it(self) -> LatencyIndicator:
+        if self.measured_at == "proxy" and self.metric not in V.CLIENT_COUNTERPARTS:
+            proxied = [k for k in V.CLIENT_COUNTERPARTS if k in {s.key for s in V.LATENCY_HISTOGRAMS}]
+            raise ValueError(
+                f"the proxy does not measure {self.metric!r}; measured_at: proxy takes one of: {', '.join(proxied)}"
+            )
+        return self
+
+    def histogram(self) -> V.MetricSpec:
+        """The histogram the SLI reads: the engine's, or the proxy's measurement of the same latency."""
+        spec = V.metric_by_key(self.metric)
+        return V.CLIENT_COUNTERPARTS[spec.key] if self.measured_at == "proxy" else spec
+
 
 class ErrorsIndicator(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+    measured_at: MeasuredAt = "engine"
+
+    def counter(self) -> V.MetricSpec:
+        """The requests counter the SLI reads (by outcome)."""
+        return V.CLIENT_COUNTERPARTS[V.REQUESTS.key] if self.measured_at == "proxy" else V.REQUESTS
 
 
 class Indicator(BaseModel):
@@ -262,7 +288,7 @@ def parse(text: str, source: str, vocabulary: V.Vocabulary) -> SLOFile:
         lat = slo.indicator.latency
         if lat is None:
             continue
-        metric = V.metric_by_key(lat.metric)
+        metric = lat.histogram()
         bounds = vocabulary.buckets(metric)
         if float(lat.threshold_seconds) not in bounds:
             line = located.line_for(("slos", i, "indicator", "latency", "threshold_seconds"))

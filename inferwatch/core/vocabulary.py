@@ -752,6 +752,11 @@ class Vocabulary:
     def buckets(self, metric: MetricSpec) -> tuple[float, ...]:
         """The canonical finite boundaries of ``metric`` (``+Inf`` is implied)."""
         extra = self.extra_boundaries.get(metric.key, ())
+        # the proxy's measurement of a latency takes the extra boundaries of the engine-side one, so
+        # that one threshold setting serves an SLO measured at either side
+        for engine_key, client in CLIENT_COUNTERPARTS.items():
+            if client is metric:
+                extra = (*extra, *self.extra_boundaries.get(engine_key, ()))
         if not extra:
             return metric.buckets
         return tuple(sorted(set(metric.buckets) | set(extra)))

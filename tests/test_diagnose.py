@@ -291,3 +291,50 @@ def test_on_call_routes_need_the_read_token(tmp_path: Path) -> None:
         assert capacity.status_code == 200 and capacity.json()["plan"]["kv_bytes_per_token"] == 2 * 2 * 2 * 32 * 2
         half = client.get("/api/v1/capacity", params={"layers": 2}, headers={"Authorization": "Bearer r"})
         assert half.status_code == 422 and half.json()["detail"][0]["loc"] == ["query", "kv_heads"]
+
+
+def test_the_abort_ratio_comes_from_the_proxy_where_one_stands_in_front(promtool: str, tmp_path: Path) -> None:
+    """The proxy sees the client go away; engines report aborts late or not at all. Its share, by
+    engine and model, lands on every target of that engine and model; elsewhere the engine's own."""
+    client, engine = V.CLIENT_REQUESTS.name, V.REQUESTS.name
+    series = [
+        # tgi/m behind a proxy: the proxy saw 60 of 600 requests a minute aborted (0.1); the two TGI
+        # replicas report no abort at all
+        (f'{client}{{engine="tgi",model="m",instance="proxy:9500",outcome="stop"}}', "0+540x10"),
+        (f'{client}{{engine="tgi",model="m",instance="proxy:9500",outcome="abort"}}', "0+60x10"),
+        (f'{engine}{{engine="tgi",model="m",instance="a:9400",outcome="stop"}}', "0+300x10"),
+        (f'{engine}{{engine="tgi",model="m",instance="b:9400",outcome="stop"}}', "0+300x10"),
+        # vllm/m without a proxy: its own 30 of 600 (0.05)
+        (f'{engine}{{engine="vllm",model="m",instance="c:9400",outcome="stop"}}', "0+570x10"),
+        (f'{engine}{{engine="vllm",model="m",instance="c:9400",outcome="abort"}}', "0+30x10"),
+    ]
+    expr = fleet_queries("5m", Filters())[Signal.ABORT_RATIO]
+
+    def row(eng: str, instance: str, value: float) -> dict[str, object]:
+        return {"labels": f'{{engine="{eng}",model="m",instance="{instance}"}}', "value": value}
+
+    test = {
+        "rule_files": [],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [{"series": s, "values": v} for s, v in series],
+                "promql_expr_test": [
+                    {
+                        "expr": expr,
+                        "eval_time": "10m",
+                        "exp_samples": [
+                            row("tgi", "a:9400", 0.1),
+                            row("tgi", "b:9400", 0.1),
+                            row("vllm", "c:9400", 0.05),
+                        ],
+                    }
+                ],
+            }
+        ],
+    }
+    path = tmp_path / "abort.yaml"
+    path.write_text(yaml.safe_dump(test, sort_keys=False))
+    result = subprocess.run([promtool, "test", "rules", str(path)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr

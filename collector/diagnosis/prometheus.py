@@ -84,6 +84,20 @@ def fleet_queries(window: str, filters: Filters) -> dict[str, str]:
         total = rate(V.REQUESTS.name)
         return f"({rate(V.REQUESTS.name, {V.LABEL_OUTCOME: outcome})} or {total} * 0) / {total}"
 
+    def client_share(outcome: str) -> str:
+        """The share measured by inferwatch proxy for the engine and model (it sees the client go
+        away, which engines report late or not at all), on every target of that engine and model;
+        the engine's own share where no proxy stands in front."""
+        em = _by((V.LABEL_ENGINE, V.LABEL_MODEL))
+        client = V.CLIENT_REQUESTS.name
+        total = f"sum {em} (rate({client}{sel}{w}))"
+        part = f"sum {em} (rate({client}{selector(filters, {V.LABEL_OUTCOME: outcome})}{w}))"
+        targets = f"(0 * {rate(V.REQUESTS.name)})"
+        proxied = (
+            f"((({part} or {total} * 0) / {total}) + on ({V.LABEL_ENGINE}, {V.LABEL_MODEL}) group_right () {targets})"
+        )
+        return f"{proxied} or {share(outcome)}"
+
     info_labels = (*BY, *V.INFO_LABELS)
     return {
         TARGETS_QUERY: f"max {by} (last_over_time({V.REQUESTS_RUNNING.name}{sel}{w}))",
@@ -91,7 +105,7 @@ def fleet_queries(window: str, filters: Filters) -> dict[str, str]:
         SPEC_DECODE_QUERY: f"sum {by} (last_over_time({V.SPEC_DECODE_DRAFT_TOKENS.name}{sel}{w}))",
         Signal.REQUEST_RATE: rate(V.REQUESTS.name),
         Signal.ERROR_RATIO: share(V.OUTCOME_ERROR),
-        Signal.ABORT_RATIO: share(V.OUTCOME_ABORT),
+        Signal.ABORT_RATIO: client_share(V.OUTCOME_ABORT),
         Signal.E2E_P99: p99(V.REQUEST_DURATION),
         Signal.QUEUE_P99: p99(V.REQUEST_QUEUE),
         Signal.QUEUE_SHARE: f"{mean(V.REQUEST_QUEUE)} / {mean(V.REQUEST_DURATION)}",

@@ -103,7 +103,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 
 # Signals an engine exposes only with a feature the simulators run without: vLLM registers its
 # speculative-decoding counters only with --speculative-config (the simulated trtllm-serve speculates),
-# its LoRA gauge only with --enable-lora.
+# its LoRA gauge only with --enable-lora; no engine has llm_client_* without inferwatch proxy in front.
 FEATURE_GATED: dict[str, tuple[V.MetricSpec, ...]] = {
     V.ENGINE_VLLM: (
         V.SPEC_DECODE_DRAFT_TOKENS,
@@ -111,7 +111,10 @@ FEATURE_GATED: dict[str, tuple[V.MetricSpec, ...]] = {
         # only with --enable-lora (the simulated vLLM serves no adapters)
         V.LORA_ADAPTER_ACTIVE,
         V.LORA_ADAPTERS_MAX,
+        *V.CLIENT_METRICS,
     ),
+    # what the client sees comes from inferwatch proxy, which this fleet runs without
+    **{engine: V.CLIENT_METRICS for engine in (V.ENGINE_TGI, V.ENGINE_TRTLLM, V.ENGINE_TRITON)},
 }
 
 

@@ -40,6 +40,7 @@ from inferwatch.dashboards.promql import (
     positive,
     prom_variables,
     quantile,
+    rate,
     selector,
     sum_rate,
 )
@@ -72,6 +73,10 @@ SPEC_DECODE_IDLE = (
     "only while speculative decoding is enabled."
 )
 
+PROXY_IDLE = (
+    "No inferwatch proxy in front of the selected engines, or no request through it in this time range: these "
+    "panels show what inferwatch proxy measures (see docs/proxy.md)."
+)
 LORA_IDLE = (
     "No LoRA adapter has requests in this selection and time range; an engine that reports LoRA adapters does so "
     "only while serving with LoRA enabled."
@@ -161,6 +166,76 @@ def board() -> DashboardSpec:
             "Requests per second in each time-per-output-token bucket (one observation per request)",
             V.TIME_PER_OUTPUT_TOKEN,
             UNIT_SECONDS,
+        ),
+        Row("What the client sees (inferwatch proxy)"),
+        Panel(
+            "TTFT: engine vs client",
+            describe(
+                "Time to first token as the engine measures it and as the client sees it through inferwatch "
+                "proxy (p50, p99), and the mean time spent outside the engine (API server, tokenizer, "
+                "detokenizer, network): the client's mean minus the engine's",
+                V.TIME_TO_FIRST_TOKEN,
+                V.CLIENT_TIME_TO_FIRST_TOKEN,
+            ),
+            UNIT_SECONDS,
+            (
+                *percentile_queries(V.TIME_TO_FIRST_TOKEN, (0.5, 0.99), "engine"),
+                *percentile_queries(V.CLIENT_TIME_TO_FIRST_TOKEN, (0.5, 0.99), "client"),
+                Query(
+                    f"{mean(V.CLIENT_TIME_TO_FIRST_TOKEN)} - {mean(V.TIME_TO_FIRST_TOKEN)}",
+                    legend_format(EM, "outside the engine (mean)"),
+                    (V.CLIENT_TIME_TO_FIRST_TOKEN, V.TIME_TO_FIRST_TOKEN),
+                    True,
+                ),
+            ),
+            TIMESERIES,
+            12,
+            8,
+            idle=PROXY_IDLE,
+        ),
+        Panel(
+            f"Stalls between chunks and time per output token at the client {QUANTILES_TITLE}",
+            describe(
+                "Gaps between consecutive content chunks of streamed responses (what a reader sees stall) and "
+                "the time per output token, both measured at inferwatch proxy",
+                V.CLIENT_CHUNK_GAP,
+                V.CLIENT_TIME_PER_OUTPUT_TOKEN,
+            ),
+            UNIT_SECONDS,
+            (
+                *percentile_queries(V.CLIENT_CHUNK_GAP, (0.5, 0.99), "gap"),
+                *percentile_queries(V.CLIENT_TIME_PER_OUTPUT_TOKEN, (0.5, 0.99), "TPOT"),
+            ),
+            TIMESERIES,
+            12,
+            8,
+            idle=PROXY_IDLE,
+        ),
+        Panel(
+            "Outcomes at the client",
+            describe(
+                "Share of the requests through inferwatch proxy by outcome: abort is the client going away "
+                "before the end (the upstream request is cancelled), error an error status, a failed or timed-out "
+                "upstream or a cut stream",
+                V.CLIENT_REQUESTS,
+            ),
+            UNIT_RATIO,
+            (
+                Query(
+                    f"sum by ({label_list((*EM, V.LABEL_OUTCOME))}) ({rate(V.CLIENT_REQUESTS)})"
+                    f" / ignoring ({V.LABEL_OUTCOME}) group_left () "
+                    f"{positive(f'sum by ({label_list(EM)}) ({rate(V.CLIENT_REQUESTS)})')}",
+                    legend_format((*EM, V.LABEL_OUTCOME)),
+                    (V.CLIENT_REQUESTS,),
+                    True,
+                ),
+            ),
+            TIMESERIES,
+            24,
+            6,
+            min=0,
+            max=1,
+            idle=PROXY_IDLE,
         ),
         Row("Batching"),
         Panel(

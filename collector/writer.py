@@ -563,6 +563,7 @@ class Writer:
         self._next_retry = 0.0
         self._next_retention = 0.0
         self._next_probe = 0.0
+        self._replaying = False
 
     # --- the receivers' side ---
 
@@ -617,7 +618,14 @@ class Writer:
         return None
 
     def _enqueue(self, chunk: _Chunk, mark: Mark | None) -> None:
+        """Queue a batch for the database (called under the spool's lock for a spooled one). While the database
+        is down, or the spool being replayed, a spooled batch is not queued: the replay will read it."""
         chunk.mark = mark
+        if mark is not None and (self._replaying or not self.db_ok):
+            if not self.db_ok:
+                with self._stats_lock:
+                    self.stats.spooled += len(chunk.records)
+            return
         with self._cond:
             if not self._queue:
                 self._oldest = self._clock()
@@ -694,11 +702,12 @@ class Writer:
         return not chunks
 
     def flush(self, timeout: float = 10.0) -> bool:
-        """Apply what is queued now, without waiting for the flush interval; True when idle in time."""
+        """Apply what is queued now, without waiting for the flush interval; True when idle in time (nothing
+        queued, in flight or being replayed)."""
         with self._cond:
             self._flush_requested = True
             self._cond.notify_all()
-            return self._cond.wait_for(lambda: not self._queue and not self._inflight, timeout)
+            return self._cond.wait_for(lambda: not self._queue and not self._inflight and not self._replaying, timeout)
 
     # --- the writer thread ---
 
@@ -902,9 +911,11 @@ class Writer:
         """Probe, then replay the spool from the last commit, in order, until caught up with the writes; the
         database counts as back then, and what is queued (all of it replayed already) is dropped."""
         replayed = 0
+        was_ok = self.db_ok
         try:
             with deadline(self.write_timeout):
                 self._probe(self.engine)
+            self._replaying = True
             self.spool.rewind()
             while True:
                 records, mark = self.spool.read(self.batch_size)
@@ -912,29 +923,34 @@ class Writer:
                     self._store(records, replayed=True, rejections={})
                     replayed += len(records)
                 self.spool.commit(mark)
-                if not records and self.spool.finish(sync=True, then=self._drop_replayed):
+                if not records and self.spool.finish(sync=True, then=self._caught_up):
                     break
         except Exception as exc:
+            with self._cond:
+                self._replaying = False
+                self._cond.notify_all()
             if not is_unreachable(exc) and not isinstance(exc, OSError):
                 raise
             self._went_down(exc)
             return
-        if not self.db_ok or replayed:
+        if not was_ok or replayed:
             log.info("database reachable; replayed %d spooled records", replayed)
-        self.db_ok = True
         self.last_error = None
         self._backoff = self.retry_interval
         self._next_probe = self._clock() + self.probe_interval
 
-    def _drop_replayed(self) -> None:
-        """Drop the queued batches the replay has written (every one with a spool copy: the replay caught up
-        with the spool, and writes queue under its lock)."""
+    def _caught_up(self) -> None:
+        """The replay has written everything in the spool (run under its lock: no write in between): drop the
+        queued batches it covered, and go live (the next writes are queued for the database again)."""
         with self._cond:
             live = [c for c in self._queue if c.mark is None]
             self._queued = sum(len(c.records) for c in live)
             self._queue = deque(live)
             if not self._queue:
                 self._oldest = None
+            self._replaying = False
+            self.db_ok = True
+            self._cond.notify_all()
 
     def _retain(self, retention: timedelta) -> None:
         self._next_retention = self._clock() + self.retention_interval

@@ -14,11 +14,14 @@ def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
-def _labels(key: SeriesKey, le: str | None = None) -> str:
-    parts = [f'{k}="{_escape(v)}"' for k, v in key]
-    if le is not None:
-        parts.append(f'le="{le}"')
-    return "{" + ",".join(parts) + "}" if parts else ""
+def _inner(key: SeriesKey) -> str:
+    """The label pairs of a series, without braces: built once per series, shared by its lines."""
+    return ",".join(f'{k}="{_escape(v)}"' for k, v in key)
+
+
+def _labels(key: SeriesKey) -> str:
+    inner = _inner(key)
+    return "{" + inner + "}" if inner else ""
 
 
 def _help(spec: V.MetricSpec, note: str | None) -> str:
@@ -30,6 +33,7 @@ def render(snapshot: Snapshot, vocabulary: V.Vocabulary, metrics: Iterable[V.Met
     """Render every family of ``snapshot`` that has series, in vocabulary order."""
     out: list[str] = []
     fmt = V.format_value
+    les_of: dict[tuple[float, ...], list[str]] = {}
     for spec in metrics:
         if spec.kind is V.Kind.HISTOGRAM:
             hseries = snapshot.histograms.get(spec)
@@ -37,17 +41,21 @@ def render(snapshot: Snapshot, vocabulary: V.Vocabulary, metrics: Iterable[V.Met
                 continue
             out.append(f"# HELP {spec.name} {_help(spec, snapshot.notes.get(spec))}")
             out.append(f"# TYPE {spec.name} histogram")
-            name = spec.name
+            bucket, total, count = f"{spec.name}_bucket{{", f"{spec.name}_sum", f"{spec.name}_count"
             for key in sorted(hseries):
                 h = hseries[key]
+                inner = _inner(key)
+                # every bucket line shares the series' label string: escaped once, not once per bucket
+                prefix = bucket + inner + "," if inner else bucket
                 if h.counts is not None:
-                    les = [V.format_le(b) for b in h.bounds]
-                    for le, count in zip(les, h.counts, strict=True):
-                        out.append(f"{name}_bucket{_labels(key, le)} {fmt(count)}")
-                out.append(f"{name}_bucket{_labels(key, '+Inf')} {fmt(h.inf)}")
-                lbl = _labels(key)
-                out.append(f"{name}_sum{lbl} {fmt(h.total)}")
-                out.append(f"{name}_count{lbl} {fmt(h.inf)}")
+                    les = les_of.get(h.bounds)
+                    if les is None:
+                        les = les_of[h.bounds] = [V.format_le(b) for b in h.bounds]
+                    out.extend(f'{prefix}le="{le}"}} {fmt(c)}' for le, c in zip(les, h.counts, strict=True))
+                out.append(f'{prefix}le="+Inf"}} {fmt(h.inf)}')
+                lbl = "{" + inner + "}" if inner else ""
+                out.append(f"{total}{lbl} {fmt(h.total)}")
+                out.append(f"{count}{lbl} {fmt(h.inf)}")
         else:
             series = snapshot.values.get(spec)
             if not series:

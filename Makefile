@@ -45,6 +45,7 @@ test: install ## the whole suite (CI=1: a missing tool fails, not skips)
 
 bench: $(STAMP) ## benchmarks (non-zero exit when a target is missed)
 	$(PY) -m bench.exporter
+	$(PY) -m bench.exporter_fleet
 	$(PY) -m bench.collector
 	$(PY) -m bench.diagnose
 

@@ -65,17 +65,17 @@ def slo_labels(slo: SLO, spec: SLOFile) -> dict[str, str]:
     return {V.SLO_SERVICE_LABEL: spec.service, V.SLO_LABEL: slo.name}
 
 
-def _on(labels: dict[str, str]) -> str:
-    return f"on ({', '.join(labels)}) group_left ()"
-
-
 def slo_rules(slo: SLO, spec: SLOFile, vocabulary: V.Vocabulary) -> list[dict[str, Any]]:
     """The recording rules of one SLO evaluated often: the 5m error and event rates, the windowed
-    error ratios, objective, budget, current burn rate and info."""
+    error ratios, objective, budget, current burn rate and info.
+
+    No rule reads another rule of its own group: Prometheus evaluates a group's rules in order, but
+    vmalert writes their results asynchronously, so a rule built on its neighbour would see the
+    previous evaluation (30 s late per level; found by tests/test_scale_metrics.py). Each is
+    computed from the raw series, the budget written in as a number."""
     labels = slo_labels(slo, spec)
-    sel = _matchers(labels)
     errors5m, total5m = sli_queries(slo, "5m", vocabulary)
-    ratio5m = f"{V.SLO_ERRORS_RATE_RECORD}{sel}\n/\n{V.SLO_EVENTS_RATE_RECORD}{sel}"
+    ratio5m = f"{errors5m}\n/\n{total5m}"
     rules = [
         _record(V.SLO_ERRORS_RATE_RECORD, errors5m, labels),
         _record(V.SLO_EVENTS_RATE_RECORD, total5m, labels),
@@ -87,13 +87,7 @@ def slo_rules(slo: SLO, spec: SLOFile, vocabulary: V.Vocabulary) -> list[dict[st
     budget = decimal_text(slo.error_budget)
     rules.append(_record(V.SLO_OBJECTIVE_RECORD, f"vector({decimal_text(slo.objective_ratio)})", labels))
     rules.append(_record(V.SLO_ERROR_BUDGET_RECORD, f"vector({budget})", labels))
-    rules.append(
-        _record(
-            V.SLO_CURRENT_BURN_RATE_RECORD,
-            f"{V.slo_error_ratio('5m')}{sel} / {_on(labels)} {V.SLO_ERROR_BUDGET_RECORD}{sel}",
-            labels,
-        )
-    )
+    rules.append(_record(V.SLO_CURRENT_BURN_RATE_RECORD, f"(\n{ratio5m}\n)\n/ {budget}", labels))
     kind = "latency" if slo.indicator.latency else "errors"
     info = {**labels, "objective": decimal_text(slo.objective_ratio), "period": slo.period, "indicator": kind}
     if slo.indicator.latency:
@@ -111,7 +105,8 @@ def period_rules(slo: SLO, spec: SLOFile) -> list[dict[str, Any]]:
 
     The period SLI is event-weighted: the period's bad events over its events, from the recorded
     5m rates summed over the period (each instant's traffic counts alike in both sums), not the
-    average of 5m ratios, which weighs a quiet night's three requests like a busy hour's thousands."""
+    average of 5m ratios, which weighs a quiet night's three requests like a busy hour's thousands.
+    Like :func:`slo_rules`, no rule reads its neighbour: each sums the 5m records itself."""
     labels = slo_labels(slo, spec)
     sel = _matchers(labels)
     period = slo.period
@@ -119,19 +114,11 @@ def period_rules(slo: SLO, spec: SLOFile) -> list[dict[str, Any]]:
         f"sum_over_time({V.SLO_ERRORS_RATE_RECORD}{sel}[{period}])\n/\n"
         f"sum_over_time({V.SLO_EVENTS_RATE_RECORD}{sel}[{period}])"
     )
-    on = _on(labels)
+    budget = decimal_text(slo.error_budget)
     return [
         _record(V.SLO_PERIOD_ERROR_RATIO_RECORD, ratio, labels),
-        _record(
-            V.SLO_BUDGET_REMAINING_RECORD,
-            f"1 - {V.SLO_PERIOD_ERROR_RATIO_RECORD}{sel} / {on} {V.SLO_ERROR_BUDGET_RECORD}{sel}",
-            labels,
-        ),
-        _record(
-            V.SLO_PERIOD_BURN_RATE_RECORD,
-            f"{V.SLO_PERIOD_ERROR_RATIO_RECORD}{sel} / {on} {V.SLO_ERROR_BUDGET_RECORD}{sel}",
-            labels,
-        ),
+        _record(V.SLO_BUDGET_REMAINING_RECORD, f"1 - (\n{ratio}\n)\n/ {budget}", labels),
+        _record(V.SLO_PERIOD_BURN_RATE_RECORD, f"(\n{ratio}\n)\n/ {budget}", labels),
     ]
 
 

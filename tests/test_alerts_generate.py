@@ -180,3 +180,17 @@ def test_a_new_slo_file_gives_rules_promtool_accepts(tmp_path: Path) -> None:
     doc = yaml.safe_load(rules)
     kv = next(r for g in doc["groups"] for r in g["rules"] if r.get("alert") == V.ALERT_KV_SATURATED)
     assert kv["labels"][V.SEVERITY_LABEL] == V.SEVERITY_PAGE
+
+
+def test_no_rule_reads_a_recording_of_its_own_group() -> None:
+    """vmalert writes a group's results asynchronously: a rule built on its neighbour sees the previous
+    evaluation (30 s late per level, or 5 minutes in the period group). Prometheus would not mind;
+    tests/test_scale_metrics.py found it. Rules may read recordings of other groups."""
+    import re
+
+    rules = yaml.safe_load(generate(load(SLOS, V.Vocabulary()), V.Vocabulary())["rules.yml"])
+    for group in rules["groups"]:
+        recorded = {r["record"] for r in group["rules"] if "record" in r}
+        for rule in group["rules"]:
+            names = set(re.findall(r"[a-zA-Z_:][a-zA-Z0-9_:]*", rule["expr"]))
+            assert not names & recorded, (group["name"], rule.get("record") or rule.get("alert"), names & recorded)

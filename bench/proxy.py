@@ -1,0 +1,457 @@
+"""Benchmark: ``inferwatch proxy`` against a direct connection to the same engine, in one run.
+
+The engine is simulated here, as lean as it can be so that it does not compete with what is measured:
+an OpenAI ``/v1/completions`` SSE server (raw asyncio, its own process) that streams every stream at a
+fixed rate (``--interval-ms``, default 20 ms: 50 tokens/s), each chunk stamped with the monotonic time
+it was written. The client (this process) is raw asyncio as well. Three processes on one machine.
+
+1. **Added latency per chunk** at 64 concurrent streams: each stream is opened twice, once directly and
+   once through the proxy, and the engine writes each chunk to both connections at the same instant
+   (in alternating order), so every chunk has a direct and a proxied arrival time. Reported: p50 and
+   p99 of (arrival through the proxy − arrival direct). **Target: p99 < 1 ms.** The streams start at
+   staggered phases (a real engine's batch emits its tokens together; see docs/proxy.md).
+2. **Throughput** at 256 concurrent streams, closed loop for ``--duration`` seconds per side, direct
+   first and then through the proxy: streams/s and chunks/s. **Target: proxy ≥ 0.9x direct for both.**
+   The proxy's CPU time (user + system) per 1,000 chunks over its phase.
+3. **Memory per open stream**: the proxy's resident memory with 256 slow streams open, minus its
+   resident memory idle after the throughput phase, divided by 256.
+
+``--quick`` runs CI-size phases (fewer chunks, shorter duration). ``--proxy-cmd`` benchmarks another
+proxy command instead (``{listen}`` and ``{upstream}`` are substituted): that is how the server and
+client stack was chosen (docs/proxy.md). Prints every figure; exits 1 when a target is missed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import random
+import shlex
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from inferwatch.demo import free_ports
+
+ROOT = Path(__file__).resolve().parent.parent
+LATENCY_P99_TARGET_MS = 1.0
+THROUGHPUT_TARGET = 0.9
+PAIR_WAIT_S = 10.0
+
+
+# -- the simulated engine -----------------------------------------------------------------------------
+def _chunk(payload: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(payload), payload)
+
+
+class Pairing:
+    """Streams opened twice under one ``pair`` id: the engine writes each chunk to both at once."""
+
+    def __init__(self) -> None:
+        self.waiting: dict[str, tuple[asyncio.StreamWriter, asyncio.Future[asyncio.StreamWriter]]] = {}
+
+    async def join(self, pair: str, writer: asyncio.StreamWriter) -> asyncio.StreamWriter | None:
+        """The first of a pair waits for the second and returns it; the second returns ``None``."""
+        if pair in self.waiting:
+            _, first = self.waiting.pop(pair)
+            first.set_result(writer)
+            return None
+        fut: asyncio.Future[asyncio.StreamWriter] = asyncio.get_running_loop().create_future()
+        self.waiting[pair] = (writer, fut)
+        return await asyncio.wait_for(fut, PAIR_WAIT_S)
+
+
+async def upstream_main(port: int, interval: float) -> None:
+    pairing = Pairing()
+    paired_done: dict[str, asyncio.Event] = {}
+
+    async def stream(writers: list[asyncio.StreamWriter], tokens: int, phase: float) -> None:
+        head = (
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+            b"cache-control: no-cache\r\ntransfer-encoding: chunked\r\n\r\n"
+        )
+        for w in writers:
+            w.write(head)
+        await asyncio.sleep(phase)
+        next_at = time.monotonic()
+        for i in range(tokens):
+            next_at += interval
+            delay = next_at - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            finish = b'"length"' if i == tokens - 1 else b"null"
+            stamp = time.perf_counter_ns()
+            data = (
+                b'data: {"id":"cmpl-bench","object":"text_completion","model":"bench","choices":[{"index":0,'
+                b'"text":" tok","logprobs":null,"finish_reason":%s}],"t":%d}\n\n' % (finish, stamp)
+            )
+            frame = _chunk(data)
+            order = writers if i % 2 == 0 else writers[::-1]
+            for w in order:
+                w.write(frame)
+            for w in order:
+                await w.drain()
+        for w in writers:
+            w.write(_chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+            await w.drain()
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = 0
+                for line in head.split(b"\r\n")[1:]:
+                    name, _, value = line.partition(b":")
+                    if name.strip().lower() == b"content-length":
+                        length = int(value)
+                body = json.loads(await reader.readexactly(length)) if length else {}
+                tokens = int(body.get("max_tokens", 16))
+                pair = body.get("pair")
+                phase = float(body.get("phase", 0.0))
+                if pair is None:
+                    await stream([writer], tokens, phase)
+                    continue
+                other = await pairing.join(pair, writer)
+                if other is None:  # the second of the pair: the first one streams to both
+                    done = paired_done.setdefault(pair, asyncio.Event())
+                    await done.wait()
+                    paired_done.pop(pair, None)
+                    continue
+                try:
+                    await stream([writer, other], tokens, phase)
+                finally:
+                    paired_done.setdefault(pair, asyncio.Event()).set()
+        except (asyncio.IncompleteReadError, ConnectionError, TimeoutError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", port, backlog=4096)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    async with server:
+        await stop.wait()
+
+
+# -- the client ---------------------------------------------------------------------------------------
+@dataclass
+class Stream:
+    sent_ns: list[int] = field(default_factory=list)
+    arrived_ns: list[int] = field(default_factory=list)
+
+
+class Connection:
+    """One keep-alive HTTP/1.1 connection that posts streaming completions and reads their SSE events."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def request(self, body: dict[str, object]) -> Stream:
+        if self.writer is None:
+            self.reader, self.writer = await asyncio.open_connection("127.0.0.1", self.port, limit=1 << 20)
+        assert self.reader is not None
+        payload = json.dumps(body).encode()
+        self.writer.write(
+            b"POST /v1/completions HTTP/1.1\r\nhost: bench\r\ncontent-type: application/json\r\n"
+            b"content-length: %d\r\n\r\n%s" % (len(payload), payload)
+        )
+        reader = self.reader
+        head = await reader.readuntil(b"\r\n\r\n")
+        status = int(head.split(b" ", 2)[1])
+        if status != 200:
+            raise RuntimeError(f"status {status}: {head!r}")
+        out = Stream()
+        pending = b""
+        while True:
+            size = int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)
+            if size == 0:
+                await reader.readuntil(b"\r\n")
+                break
+            data = await reader.readexactly(size + 2)
+            now = time.perf_counter_ns()
+            pending += data[:-2]
+            while b"\n\n" in pending:
+                event, pending = pending.split(b"\n\n", 1)
+                at = event.find(b'"t":')
+                if at >= 0:
+                    out.sent_ns.append(int(event[at + 4 : event.index(b"}", at)]))
+                    out.arrived_ns.append(now)
+        return out
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+# -- processes ----------------------------------------------------------------------------------------
+def start(cmd: Sequence[str]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(list(cmd), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+async def wait_port(port: int, proc: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+            raise RuntimeError(f"{proc.args!r} exited with {proc.returncode}:\n{err[-2000:]}")
+        try:
+            _, w = await asyncio.open_connection("127.0.0.1", port)
+            w.close()
+            return
+        except OSError:
+            await asyncio.sleep(0.1)
+    raise RuntimeError(f"nothing listens on port {port} after {timeout:g} s")
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmRSS")
+
+
+def quantile(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+# -- the phases ---------------------------------------------------------------------------------------
+async def latency_phase(direct: int, proxied: int, streams: int, tokens: int, interval: float) -> list[float]:
+    """Per-chunk (arrival through the proxy − arrival direct) in milliseconds."""
+    rng = random.Random(1)
+
+    async def one(k: int) -> list[float]:
+        body: dict[str, object] = {
+            "model": "bench",
+            "prompt": "hi",
+            "stream": True,
+            "max_tokens": tokens,
+            "pair": f"p{k}",
+            "phase": rng.random() * interval,
+        }
+        a, b = Connection(direct), Connection(proxied)
+        try:
+            d, p = await asyncio.gather(a.request(body), b.request(body))
+        finally:
+            a.close()
+            b.close()
+        by_sent = dict(zip(d.sent_ns, d.arrived_ns, strict=True))
+        return [(arr - by_sent[s]) / 1e6 for s, arr in zip(p.sent_ns, p.arrived_ns, strict=True) if s in by_sent]
+
+    results = await asyncio.gather(*(one(k) for k in range(streams)))
+    return [x for r in results for x in r]
+
+
+@dataclass
+class Throughput:
+    streams: int
+    chunks: int
+    seconds: float
+    cpu: float | None = None
+
+    @property
+    def streams_per_s(self) -> float:
+        return self.streams / self.seconds
+
+    @property
+    def chunks_per_s(self) -> float:
+        return self.chunks / self.seconds
+
+
+async def throughput_phase(port: int, streams: int, tokens: int, duration: float, pid: int | None) -> Throughput:
+    """``streams`` connections, each posting stream after stream until ``duration`` has passed."""
+    deadline = time.monotonic() + duration
+    rng = random.Random(2)
+    done = [0, 0]
+
+    async def worker() -> None:
+        conn = Connection(port)
+        try:
+            while time.monotonic() < deadline:
+                s = await conn.request(
+                    {
+                        "model": "bench",
+                        "prompt": "hi",
+                        "stream": True,
+                        "max_tokens": tokens,
+                        "phase": rng.random() * 0.02,
+                    }
+                )
+                done[0] += 1
+                done[1] += len(s.arrived_ns)
+        finally:
+            conn.close()
+
+    cpu0 = cpu_seconds(pid) if pid else None
+    t0 = time.monotonic()
+    await asyncio.gather(*(worker() for _ in range(streams)))
+    elapsed = time.monotonic() - t0
+    cpu = cpu_seconds(pid) - cpu0 if pid and cpu0 is not None else None
+    return Throughput(done[0], done[1], elapsed, cpu)
+
+
+async def memory_phase(proxied: int, pid: int, streams: int, interval: float) -> tuple[int, int]:
+    """(idle RSS, RSS with ``streams`` slow streams open) of the proxy."""
+    idle = rss_bytes(pid)
+    opened = 0
+    all_open = asyncio.Event()
+
+    async def one() -> None:
+        nonlocal opened
+        conn = Connection(proxied)
+        try:
+            # long and slow: open for the whole measurement
+            task = asyncio.create_task(
+                conn.request({"model": "bench", "prompt": "hi", "stream": True, "max_tokens": 3, "phase": 0.0})
+            )
+            opened += 1
+            if opened == streams:
+                all_open.set()
+            await task
+        finally:
+            conn.close()
+
+    tasks = [asyncio.create_task(one()) for _ in range(streams)]
+    await all_open.wait()
+    await asyncio.sleep(max(0.5, interval))  # every stream has its head and first chunk through the proxy
+    busy = rss_bytes(pid)
+    await asyncio.gather(*tasks)
+    return idle, busy
+
+
+async def run(args: argparse.Namespace) -> int:
+    up_port, proxy_port = free_ports(2, 0)
+    interval = args.interval_ms / 1000
+    upstream = start(
+        [sys.executable, "-m", "bench.proxy", "--serve-upstream", str(up_port), "--interval-ms", str(args.interval_ms)]
+    )
+    slow = None
+    listen, target = f"127.0.0.1:{proxy_port}", f"http://127.0.0.1:{up_port}"
+    if args.proxy_cmd:
+        cmd = shlex.split(args.proxy_cmd.format(listen=listen, upstream=target))
+    else:
+        cmd = [
+            sys.executable,
+            "-m",
+            "inferwatch",
+            "proxy",
+            "--listen",
+            listen,
+            "--upstream",
+            target,
+            "--engine",
+            "vllm",
+        ]
+    proxy = start(cmd)
+    failed = False
+    try:
+        await wait_port(up_port, upstream)
+        await wait_port(proxy_port, proxy)
+        # warm-up: connections, imports, allocator arenas
+        await throughput_phase(proxy_port, 16, 5, 1.0, None)
+
+        print(f"engine: fixed rate, one chunk every {args.interval_ms:g} ms per stream; proxy: {' '.join(cmd[1:4])}…")
+        added = await latency_phase(up_port, proxy_port, args.latency_streams, args.latency_tokens, interval)
+        p50, p99 = quantile(added, 0.5), quantile(added, 0.99)
+        print(
+            f"added latency per chunk, {args.latency_streams} concurrent streams ({len(added)} chunks): "
+            f"p50 {p50 * 1000:.0f} us, p99 {p99 * 1000:.0f} us, mean {statistics.fmean(added) * 1000:.0f} us "
+            f"(target p99 < {LATENCY_P99_TARGET_MS:g} ms)"
+        )
+        failed |= p99 >= LATENCY_P99_TARGET_MS
+
+        d = await throughput_phase(up_port, args.throughput_streams, args.throughput_tokens, args.duration, None)
+        p = await throughput_phase(
+            proxy_port, args.throughput_streams, args.throughput_tokens, args.duration, proxy.pid
+        )
+        rs, rc = p.streams_per_s / d.streams_per_s, p.chunks_per_s / d.chunks_per_s
+        print(f"throughput, {args.throughput_streams} concurrent streams of {args.throughput_tokens} chunks:")
+        print(f"  direct:      {d.streams_per_s:8.1f} streams/s {d.chunks_per_s:9.0f} chunks/s")
+        print(f"  proxy:       {p.streams_per_s:8.1f} streams/s {p.chunks_per_s:9.0f} chunks/s")
+        print(f"  ratio:       {rs:8.3f}           {rc:9.3f}           (target >= {THROUGHPUT_TARGET})")
+        assert p.cpu is not None
+        print(f"  proxy CPU:   {p.cpu / p.chunks * 1000 * 1000:.1f} ms per 1,000 chunks ({p.cpu:.2f} s for {p.chunks})")
+        failed |= rs < THROUGHPUT_TARGET or rc < THROUGHPUT_TARGET
+
+        # slow streams for the memory figure: another engine, one chunk a second
+        slow_port = free_ports(1, 0)[0]
+        slow = start([sys.executable, "-m", "bench.proxy", "--serve-upstream", str(slow_port), "--interval-ms", "1000"])
+        await wait_port(slow_port, slow)
+        stop(proxy)
+        slow_target = f"http://127.0.0.1:{slow_port}"
+        if args.proxy_cmd:
+            cmd = shlex.split(args.proxy_cmd.format(listen=listen, upstream=slow_target))
+        else:
+            cmd[cmd.index(target)] = slow_target
+        proxy = start(cmd)
+        await wait_port(proxy_port, proxy)
+        await throughput_phase(proxy_port, 32, 1, 2.5, None)  # warm-up at this rate
+        idle, busy = await memory_phase(proxy_port, proxy.pid, args.memory_streams, 1.0)
+        per = (busy - idle) / args.memory_streams
+        print(
+            f"memory: idle {idle / 2**20:.1f} MiB, {args.memory_streams} open streams {busy / 2**20:.1f} MiB: "
+            f"{per / 1024:.1f} KiB per open stream"
+        )
+    finally:
+        stop(proxy)
+        stop(upstream)
+        if slow is not None:
+            stop(slow)
+    if failed:
+        print("FAIL: a target was missed", file=sys.stderr)
+        return 1
+    print("OK")
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="CI-size phases")
+    parser.add_argument("--interval-ms", type=float, default=20.0, help="the engine's time between chunks")
+    parser.add_argument("--latency-streams", type=int, default=64)
+    parser.add_argument("--latency-tokens", type=int, default=200, help="chunks per stream (latency phase)")
+    parser.add_argument("--throughput-streams", type=int, default=256)
+    parser.add_argument("--throughput-tokens", type=int, default=50, help="chunks per stream (throughput)")
+    parser.add_argument("--duration", type=float, default=10.0, help="seconds per throughput side")
+    parser.add_argument("--memory-streams", type=int, default=256)
+    parser.add_argument("--proxy-cmd", help="benchmark this command instead ({listen}, {upstream})")
+    parser.add_argument("--serve-upstream", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve_upstream:
+        asyncio.run(upstream_main(args.serve_upstream, args.interval_ms / 1000))
+        return 0
+    if args.quick:
+        args.latency_tokens, args.throughput_tokens, args.duration = 50, 20, 3.0
+    return asyncio.run(run(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,200 @@
+"""One generation request through the proxy: what its response stream shows, and its outcome.
+
+:class:`SseReader` splits the forwarded bytes into SSE events without touching them (the proxy sends
+every upstream read on as it came, before reading it). :class:`Exchange` times the client-visible
+milestones (the first content, every gap between contents, the end), counts tokens, takes the usage
+when the engine reports it, and turns the end into an outcome.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from inferwatch.core import vocabulary as V
+from inferwatch.proxy.apis import Api, Ask, Reading
+from inferwatch.proxy.metrics import ClientMetrics
+
+MAX_EVENT_BYTES: Final = 1 << 20
+"""An SSE event longer than this stops the inspection of its stream (the bytes still pass)."""
+MAX_BODY_BYTES: Final = 8 << 20
+"""A non-streamed response longer than this is passed on without being read."""
+DONE: Final = b"[DONE]"
+
+
+class SseReader:
+    """Incremental SSE parsing: complete events' ``data`` as JSON (``[DONE]`` and non-JSON skipped)."""
+
+    __slots__ = ("broken", "buffer")
+
+    def __init__(self) -> None:
+        self.buffer = b""
+        self.broken = False
+
+    def feed(self, data: bytes) -> list[Any]:
+        if self.broken:
+            return []
+        buf = self.buffer + data if self.buffer else data
+        out: list[Any] = []
+        start = 0
+        while True:
+            end = buf.find(b"\n\n", start)
+            crlf = buf.find(b"\r\n\r\n", start)
+            if crlf >= 0 and (end < 0 or crlf < end):
+                end, sep = crlf, 4
+            else:
+                sep = 2
+            if end < 0:
+                break
+            payload = _data(buf[start:end])
+            start = end + sep
+            if payload is None or payload == DONE:
+                continue
+            try:
+                out.append(json.loads(payload))
+            except ValueError:
+                continue
+        rest = buf[start:]
+        if len(rest) > MAX_EVENT_BYTES:
+            self.broken, rest = True, b""
+        self.buffer = rest
+        return out
+
+
+def _data(event: bytes) -> bytes | None:
+    """The ``data`` of one event (its ``data:`` lines joined), ``None`` without any."""
+    if event.startswith(b"data:") and b"\n" not in event:  # the usual one-line event
+        value = event[5:]
+        return value[1:] if value.startswith(b" ") else value
+    parts = []
+    for line in event.split(b"\n"):
+        line = line.rstrip(b"\r")
+        if line.startswith(b"data:"):
+            value = line[5:]
+            parts.append(value[1:] if value.startswith(b" ") else value)
+    return b"\n".join(parts) if parts else None
+
+
+@dataclass
+class Exchange:
+    """The measurement of one generation request, from its arrival (``start``, perf_counter seconds)."""
+
+    api: Api
+    ask: Ask
+    model: str
+    adapter: str | None
+    start: float
+    metrics: ClientMetrics
+    status: int = 0
+    streamed: bool = False
+    first_content: float | None = None
+    last_content: float | None = None
+    end: float | None = None
+    contents: int = 0
+    tokens: int = 0
+    finish_reasons: list[str] = field(default_factory=list)
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    response_id: str | None = None
+    error: str | None = None
+    outcome: str | None = None
+    sse: SseReader | None = None
+    body: bytearray | None = None
+
+    # -- the response ---------------------------------------------------------------------------------
+    def begin(self, status: int, content_type: str) -> None:
+        """The upstream's status and content type: SSE is read event by event, JSON at its end."""
+        self.status = status
+        if status >= 400:
+            return
+        if content_type.startswith("text/event-stream"):
+            self.streamed = True
+            self.sse = SseReader()
+        elif "json" in content_type:
+            self.body = bytearray()
+
+    def feed(self, data: bytes, now: float) -> None:
+        """Bytes just forwarded to the client at ``now``."""
+        if self.sse is not None:
+            for obj in self.sse.feed(data):
+                self.take(self.api.event(obj), now)
+        elif self.body is not None:
+            if len(self.body) + len(data) > MAX_BODY_BYTES:
+                self.body = None
+            else:
+                self.body += data
+
+    def take(self, reading: Reading, now: float) -> None:
+        if reading.content and self.streamed:
+            if self.first_content is None:
+                self.first_content = now
+                self.metrics.observe(V.CLIENT_TIME_TO_FIRST_TOKEN, self.model, now - self.start)
+            elif self.last_content is not None:
+                self.metrics.observe(V.CLIENT_CHUNK_GAP, self.model, now - self.last_content)
+            self.last_content = now
+        self.contents += reading.content
+        self.tokens += reading.tokens
+        self.finish_reasons += reading.finish_reasons
+        if reading.prompt_tokens is not None:
+            self.prompt_tokens = reading.prompt_tokens
+        if reading.completion_tokens is not None:
+            self.completion_tokens = reading.completion_tokens
+        if reading.error is not None and self.error is None:
+            self.error = reading.error
+        if self.response_id is None:
+            self.response_id = reading.response_id
+
+    # -- the end ---------------------------------------------------------------------------------------
+    def finish(self, now: float, outcome: str | None = None, error: str | None = None, headers: Any = None) -> str:
+        """The request is over (``outcome`` forced for aborts and failures); records it once."""
+        if self.outcome is not None:
+            return self.outcome
+        self.end = now
+        if self.body is not None and outcome is None:
+            with contextlib.suppress(ValueError):  # not JSON after all: nothing to read
+                self.take(self.api.body(json.loads(bytes(self.body)), headers or {}), now)
+            self.body = None
+        if error is not None:
+            self.error = error
+        if outcome is None:
+            outcome = self._outcome()
+        self.outcome = outcome
+        prompt = (self.prompt_tokens, False) if self.prompt_tokens is not None else None
+        generated = self.generated
+        self.metrics.finished(self.model, outcome, now - self.start, prompt, generated)
+        if (
+            self.streamed
+            and outcome in (V.OUTCOME_STOP, V.OUTCOME_LENGTH)
+            and self.first_content is not None
+            and generated is not None
+            and generated[0] > 1
+        ):
+            tpot = (now - self.first_content) / (generated[0] - 1)
+            self.metrics.observe(V.CLIENT_TIME_PER_OUTPUT_TOKEN, self.model, tpot)
+        return outcome
+
+    @property
+    def generated(self) -> tuple[int, bool] | None:
+        """(generated tokens, estimated): the engine's usage, else the proxy's count."""
+        if self.completion_tokens is not None:
+            return self.completion_tokens, False
+        if self.tokens or self.status < 400:
+            return self.tokens, True
+        return None
+
+    @property
+    def ttft(self) -> float | None:
+        return None if self.first_content is None else self.first_content - self.start
+
+    def _outcome(self) -> str:
+        if self.status >= 400 or self.error is not None:
+            return V.OUTCOME_ERROR
+        outcomes = [self.api.finish.get(r, V.OUTCOME_STOP) for r in self.finish_reasons]
+        if V.OUTCOME_LENGTH in outcomes:
+            return V.OUTCOME_LENGTH
+        budget = self.ask.max_tokens
+        if self.api.count_length and budget is not None and self.generated and self.generated[0] >= budget:
+            return V.OUTCOME_LENGTH
+        return V.OUTCOME_STOP

@@ -1,0 +1,116 @@
+"""The proxy's ``/metrics``: what the client sees, in the vocabulary's ``llm_client_*`` families.
+
+Accumulated in plain counters and bucket arrays (updated from the event loop only, so without locks)
+and exposed through a prometheus_client custom collector on a registry of the proxy's own, with the
+canonical bucket layouts of a :class:`~inferwatch.core.vocabulary.Vocabulary` (``le`` spelled by
+:func:`~inferwatch.core.vocabulary.format_le`). Every series carries ``engine`` and ``model``.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
+from prometheus_client.metrics_core import CounterMetricFamily, HistogramMetricFamily, Metric
+
+from inferwatch.core import vocabulary as V
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class Histogram:
+    """Counts per canonical bucket (not cumulative), with the sum."""
+
+    __slots__ = ("bounds", "counts", "total")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)
+        self.total = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(self.bounds, value)] += 1
+        self.total += value
+
+    def buckets(self) -> list[tuple[str, float]]:
+        out, running = [], 0
+        for bound, count in zip((*self.bounds, float("inf")), self.counts, strict=True):
+            running += count
+            out.append((V.format_le(bound), float(running)))
+        return out
+
+
+HISTOGRAMS = (
+    V.CLIENT_TIME_TO_FIRST_TOKEN,
+    V.CLIENT_CHUNK_GAP,
+    V.CLIENT_TIME_PER_OUTPUT_TOKEN,
+    V.CLIENT_REQUEST_DURATION,
+)
+
+
+class ClientMetrics:
+    """The ``llm_client_*`` families of one proxy (one engine, any number of models)."""
+
+    def __init__(self, engine: str, vocabulary: V.Vocabulary) -> None:
+        self.engine = engine
+        self.bounds = {spec: vocabulary.buckets(spec) for spec in HISTOGRAMS}
+        self.histograms: dict[V.MetricSpec, dict[str, Histogram]] = {spec: {} for spec in HISTOGRAMS}
+        self.requests: dict[tuple[str, str], int] = {}
+        self.prompt_tokens: dict[tuple[str, str], int] = {}
+        self.generation_tokens: dict[tuple[str, str], int] = {}
+
+    def observe(self, spec: V.MetricSpec, model: str, value: float) -> None:
+        series = self.histograms[spec]
+        hist = series.get(model)
+        if hist is None:
+            hist = series[model] = Histogram(self.bounds[spec])
+        hist.observe(value)
+
+    def finished(
+        self,
+        model: str,
+        outcome: str,
+        duration: float,
+        prompt: tuple[int, bool] | None,
+        generated: tuple[int, bool] | None,
+    ) -> None:
+        """One generation request is over: its outcome, duration and tokens (count, estimated)."""
+        self.observe(V.CLIENT_REQUEST_DURATION, model, duration)
+        key = (model, outcome)
+        self.requests[key] = self.requests.get(key, 0) + 1
+        for counter, tokens in ((self.prompt_tokens, prompt), (self.generation_tokens, generated)):
+            if tokens is not None:
+                k = (model, V.TRUE if tokens[1] else V.FALSE)
+                counter[k] = counter.get(k, 0) + tokens[0]
+
+    def collect(self) -> Iterator[Metric]:
+        common = [V.LABEL_ENGINE, V.LABEL_MODEL]
+        for spec in HISTOGRAMS:
+            hfam = HistogramMetricFamily(spec.name, spec.help, labels=common)
+            for model, hist in sorted(self.histograms[spec].items()):
+                hfam.add_metric([self.engine, model], hist.buckets(), hist.total)
+            yield hfam
+        counters = (
+            (V.CLIENT_REQUESTS, V.LABEL_OUTCOME, self.requests),
+            (V.CLIENT_PROMPT_TOKENS, V.LABEL_ESTIMATED, self.prompt_tokens),
+            (V.CLIENT_GENERATION_TOKENS, V.LABEL_ESTIMATED, self.generation_tokens),
+        )
+        for spec, label, values in counters:
+            cfam = CounterMetricFamily(spec.name, spec.help, labels=[*common, label])
+            for (model, value), count in sorted(values.items()):
+                cfam.add_metric([self.engine, model, value], float(count))
+            yield cfam
+
+
+def registry_for(metrics: ClientMetrics, process: bool = True) -> CollectorRegistry:
+    """A registry of the proxy's own (never prometheus_client's global one), with ``process_*`` metrics."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(metrics)
+    if process:
+        ProcessCollector(registry=registry)
+    return registry
+
+
+def render(registry: CollectorRegistry) -> bytes:
+    return generate_latest(registry)

@@ -1,0 +1,429 @@
+"""The reverse proxy: aiohttp's low-level server in front, an aiohttp client session to the engine.
+
+Every request goes to the upstream with its method, path, query, body and headers (``Authorization``
+included) minus the hop-by-hop ones; the response comes back with its status and headers, and every
+read of its body is written to the client as soon as it arrives (not decompressed, not re-encoded).
+Generation requests (:mod:`~inferwatch.proxy.apis`) are measured on the way (:class:`Exchange`).
+
+Faults: upstream refusing or unreachable → 502, no answer within the timeout → 504 (both with a
+JSON body naming the upstream); a stream cut by the upstream is cut for the client too (no final
+chunk); the client going away cancels the handler (aiohttp's handler cancellation), which closes the
+upstream connection, and the engine aborts the request. Request bodies over the limit → 413.
+Bodies are never logged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import aiohttp
+from aiohttp import web
+from multidict import CIMultiDict
+from yarl import URL
+
+from inferwatch.core import vocabulary as V
+from inferwatch.proxy import apis as A
+from inferwatch.proxy.measure import Exchange
+from inferwatch.proxy.metrics import CONTENT_TYPE, ClientMetrics, registry_for, render
+from inferwatch.proxy.tracing import (
+    CONTENT_CHUNKS,
+    LORA_ADAPTER,
+    OUTCOME,
+    TOKENS_ESTIMATED,
+    OtlpProtocol,
+    SpanSink,
+    finish_reasons,
+)
+
+log = logging.getLogger(__name__)
+
+HOP_BY_HOP: Final = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+    }
+)
+"""RFC 9110 §7.6.1; plus what the proxy sets itself on each side (``host``, ``content-length``, ``expect``)."""
+REQUEST_DROPPED: Final = HOP_BY_HOP | {"host", "content-length", "expect"}
+RESPONSE_DROPPED: Final = HOP_BY_HOP
+SKIP_AUTO: Final = ("User-Agent", "Accept", "Accept-Encoding", "Content-Type")
+"""aiohttp's client adds these when missing; the proxy sends the client's headers only."""
+LOCAL_PATHS: Final = ("/metrics", "/healthz", "/readyz")
+MODELS_REFRESH_S: Final = 60.0
+MODELS_RETRY_S: Final = 5.0
+CONNECT_TIMEOUT_S: Final = 10.0
+
+
+@dataclass(frozen=True)
+class ProxySettings:
+    """How one proxy runs (``inferwatch proxy`` options)."""
+
+    upstream: str
+    host: str = "127.0.0.1"
+    port: int = 8080
+    """0: any free port (tests)."""
+    engine: str | None = None
+    model: str | None = None
+    """the model label when neither the request nor the upstream names one."""
+    timeout: float = 300.0
+    """seconds the upstream may stay silent: until its response starts, and between two reads."""
+    max_body_bytes: int = 16 << 20
+    otlp_endpoint: str | None = None
+    otlp_protocol: OtlpProtocol = "http/protobuf"
+    service_name: str = "inferwatch-proxy"
+    metrics_host: str | None = None
+    metrics_port: int | None = None
+    """serve /metrics, /healthz and /readyz there instead of on the proxied port."""
+    max_models: int = 100
+    """distinct model label values at most (the rest are ``unknown``): clients choose these strings."""
+    discover_models: bool = True
+    vocabulary: V.Vocabulary = field(default_factory=V.Vocabulary)
+
+    @property
+    def engine_label(self) -> str:
+        return self.engine or V.UNKNOWN
+
+    @property
+    def upstream_name(self) -> str:
+        """The upstream as it may be shown: without credentials."""
+        url = URL(self.upstream)
+        return str(url.with_user(None)) if url.user else str(url)
+
+
+class Proxy:
+    """One running proxy; :meth:`start` and :meth:`stop` from the event loop that serves it."""
+
+    def __init__(self, settings: ProxySettings, spans: SpanSink | None = None) -> None:
+        self.settings = settings
+        self.base = settings.upstream.rstrip("/")
+        self.apis = A.engine_apis(settings.engine)
+        self.upstream_info = A.ENGINE_UPSTREAM.get(settings.engine or "", A.Upstream())
+        self.metrics = ClientMetrics(settings.engine_label, settings.vocabulary)
+        self.registry = registry_for(self.metrics)
+        self.spans = spans
+        if spans is None and settings.otlp_endpoint:
+            self.spans = SpanSink(settings.otlp_endpoint, settings.otlp_protocol, settings.service_name)
+        self.served_model: str | None = None
+        self.adapters: dict[str, str] = {}
+        self.models_seen: set[str] = set()
+        self._models_at = 0.0
+        self._models_task: asyncio.Task[None] | None = None
+        self._refresh_task: asyncio.Task[None] | None = None
+        self.upstream_ok = True
+        self.session: aiohttp.ClientSession | None = None
+        self._servers: list[asyncio.Server] = []
+        self.port = settings.port
+        self.metrics_port = settings.metrics_port
+
+    # -- life ---------------------------------------------------------------------------------------------
+    async def start(self) -> None:
+        s = self.settings
+        self.session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=60, enable_cleanup_closed=True),
+            auto_decompress=False,
+            timeout=aiohttp.ClientTimeout(total=None, connect=min(s.timeout, CONNECT_TIMEOUT_S), sock_read=s.timeout),
+            cookie_jar=aiohttp.DummyCookieJar(),
+        )
+        loop = asyncio.get_running_loop()
+        separate = s.metrics_port is not None
+        main = web.Server(self.handle, handler_cancellation=True, access_log=None)
+        server = await loop.create_server(main, s.host, s.port, backlog=4096)
+        self._servers.append(server)
+        self.port = server.sockets[0].getsockname()[1]
+        if separate:
+            local = web.Server(self.handle_local, access_log=None)
+            msrv = await loop.create_server(local, s.metrics_host or s.host, s.metrics_port)
+            self._servers.append(msrv)
+            self.metrics_port = msrv.sockets[0].getsockname()[1]
+        if s.discover_models and self.upstream_info.models:
+            self._refresh_task = loop.create_task(self._refresh_models(), name="proxy-models")
+
+    async def stop(self) -> None:
+        for task in (self._refresh_task, self._models_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        for server in self._servers:
+            server.close()
+            await server.wait_closed()
+        if self.session is not None:
+            await self.session.close()
+        if self.spans is not None:
+            self.spans.shutdown()
+
+    # -- local routes ---------------------------------------------------------------------------------------
+    async def handle_local(self, request: web.BaseRequest) -> web.StreamResponse:
+        if request.path in LOCAL_PATHS:
+            return await self.local(request.path)
+        return web.json_response({"error": "not found"}, status=404)
+
+    async def local(self, path: str) -> web.StreamResponse:
+        if path == "/metrics":
+            return web.Response(body=render(self.registry), headers={"Content-Type": CONTENT_TYPE})
+        if path == "/healthz":
+            return web.json_response({"status": "ok"})
+        ready, reason = await self.probe()
+        body = {"status": "ready" if ready else "unready", "upstream": self.settings.upstream_name}
+        if not ready:
+            body["reason"] = reason
+        return web.json_response(body, status=200 if ready else 503)
+
+    async def probe(self) -> tuple[bool, str]:
+        """Whether the upstream answers now: its health path (the engine's) with 200, else any answer."""
+        assert self.session is not None
+        path = self.upstream_info.health
+        try:
+            async with self.session.get(self.base + (path or "/"), timeout=aiohttp.ClientTimeout(total=2)) as r:
+                await r.read()
+                ok = r.status == 200 if path else r.status < 500
+                return ok, "" if ok else f"upstream answered {r.status}"
+        except TimeoutError:
+            return False, "upstream did not answer within 2 s"
+        except aiohttp.ClientError as exc:
+            return False, f"upstream unreachable: {type(exc).__name__}"
+
+    # -- models -----------------------------------------------------------------------------------------------
+    async def _refresh_models(self) -> None:
+        while True:
+            await self._load_models()
+            await asyncio.sleep(MODELS_REFRESH_S)
+
+    async def _load_models(self) -> None:
+        assert self.session is not None and self.upstream_info.models is not None
+        self._models_at = time.monotonic()
+        try:
+            async with self.session.get(
+                self.base + self.upstream_info.models, timeout=aiohttp.ClientTimeout(total=5)
+            ) as r:
+                if r.status != 200:
+                    return
+                served, adapters = A.read_models(await r.json(content_type=None))
+        except (aiohttp.ClientError, TimeoutError, ValueError):
+            return
+        self.served_model = served or self.served_model
+        self.adapters = adapters
+
+    def resolve(self, ask: A.Ask) -> tuple[str, str | None]:
+        """(model label, LoRA adapter) of a request."""
+        name, adapter = ask.model, ask.adapter
+        if name in self.apis.placeholder_models:
+            name = None
+        if name is not None and self.apis.model_is_adapter:
+            name, adapter = None, adapter or name
+        if name is not None and name in self.adapters:
+            name, adapter = self.adapters[name], name
+        elif (
+            name is not None
+            and self.upstream_info.models
+            and self.settings.discover_models
+            and name != self.served_model
+            and time.monotonic() - self._models_at > MODELS_RETRY_S
+            and (self._models_task is None or self._models_task.done())
+        ):  # perhaps an adapter loaded since: look again (this request keeps its name)
+            self._models_task = asyncio.get_running_loop().create_task(self._load_models())
+        model = name or self.served_model or self.settings.model or V.UNKNOWN
+        if model not in self.models_seen:
+            if len(self.models_seen) >= self.settings.max_models:
+                return V.UNKNOWN, adapter
+            self.models_seen.add(model)
+        return model, adapter
+
+    # -- proxying -------------------------------------------------------------------------------------------
+    async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
+        start, start_ns = time.perf_counter(), time.time_ns()
+        if self.metrics_port is None and request.path in LOCAL_PATHS and request.method in ("GET", "HEAD"):
+            return await self.local(request.path)
+        body = await self.read_body(request)
+        if isinstance(body, web.StreamResponse):
+            return body
+        exchange = self.exchange(request, body, start)
+        try:
+            return await self.forward(request, body, exchange)
+        finally:
+            if exchange is not None:
+                if exchange.outcome is None:  # cancelled: the client went away
+                    exchange.finish(time.perf_counter(), V.OUTCOME_ABORT)
+                self.trace(exchange, request, start_ns)
+
+    async def read_body(self, request: web.BaseRequest) -> bytes | web.StreamResponse:
+        limit = self.settings.max_body_bytes
+        length = request.content_length
+        if length is not None and length > limit:
+            return self.too_large(limit)
+        if request.headers.get("Expect", "").lower() == "100-continue" and request.transport is not None:
+            request.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        if not request.body_exists:
+            return b""
+        parts: list[bytes] = []
+        size = 0
+        while True:
+            part = await request.content.readany()
+            if not part:
+                return b"".join(parts)
+            size += len(part)
+            if size > limit:
+                return self.too_large(limit)
+            parts.append(part)
+
+    @staticmethod
+    def too_large(limit: int) -> web.StreamResponse:
+        resp = web.json_response(
+            {"error": {"message": f"request body over {limit} bytes", "type": "request_too_large"}}, status=413
+        )
+        resp.force_close()
+        return resp
+
+    def exchange(self, request: web.BaseRequest, body: bytes, start: float) -> Exchange | None:
+        found = A.match(self.apis, request.method, request.path)
+        if found is None:
+            return None
+        api, match = found
+        try:
+            parsed: Any = json.loads(body) if body else None
+        except ValueError:
+            parsed = None  # the engine answers it
+        ask = api.ask(parsed, match)
+        model, adapter = self.resolve(ask)
+        return Exchange(api, ask, model, adapter, start, self.metrics)
+
+    def failure(self, status: int, kind: str, message: str) -> web.StreamResponse:
+        if self.upstream_ok:
+            log.warning("upstream %s: %s", self.settings.upstream_name, message)
+            self.upstream_ok = False
+        body = {"error": {"message": message, "type": kind, "upstream": self.settings.upstream_name}}
+        return web.json_response(body, status=status)
+
+    async def forward(self, request: web.BaseRequest, body: bytes, ex: Exchange | None) -> web.StreamResponse:
+        assert self.session is not None
+        headers = CIMultiDict((k, v) for k, v in request.headers.items() if k.lower() not in REQUEST_DROPPED)
+        url = URL(self.base + request.raw_path, encoded=True)
+        try:
+            up = await self.session.request(
+                request.method,
+                url,
+                headers=headers,
+                data=body if body or request.body_exists else None,
+                skip_auto_headers=SKIP_AUTO,
+                allow_redirects=False,
+            )
+        except TimeoutError:
+            if ex is not None:
+                ex.finish(time.perf_counter(), V.OUTCOME_ERROR, "upstream_timeout")
+            return self.failure(504, "upstream_timeout", f"no answer within {self.settings.timeout:g} s")
+        except aiohttp.ClientError as exc:
+            if ex is not None:
+                ex.finish(time.perf_counter(), V.OUTCOME_ERROR, "upstream_unavailable")
+            return self.failure(502, "upstream_unavailable", f"upstream unreachable ({type(exc).__name__})")
+        if not self.upstream_ok:
+            log.warning("upstream %s answers again", self.settings.upstream_name)
+            self.upstream_ok = True
+        try:
+            return await self.relay(request, up, ex)
+        finally:
+            up.close()  # a no-op once the body was read; otherwise the engine sees the connection go
+
+    async def relay(
+        self, request: web.BaseRequest, up: aiohttp.ClientResponse, ex: Exchange | None
+    ) -> web.StreamResponse:
+        resp = web.StreamResponse(status=up.status, reason=up.reason)
+        for k, v in up.headers.items():
+            if k.lower() not in RESPONSE_DROPPED:
+                resp.headers.add(k, v)
+        if ex is not None:
+            ex.begin(up.status, up.headers.get("Content-Type", ""))
+        await resp.prepare(request)
+        reader = up.content
+        while True:
+            try:
+                data = await reader.readany()
+            except (aiohttp.ClientError, TimeoutError) as exc:  # the upstream cut the stream or fell silent
+                kind = "upstream_timeout" if isinstance(exc, TimeoutError) else "stream_cut"
+                if ex is not None:
+                    ex.finish(time.perf_counter(), V.OUTCOME_ERROR, kind)
+                self.cut(request)
+                return resp
+            if not data:
+                break
+            try:
+                await resp.write(data)
+            except ConnectionError:  # the client went away
+                if ex is not None:
+                    ex.finish(time.perf_counter(), V.OUTCOME_ABORT)
+                return resp
+            if ex is not None:
+                ex.feed(data, time.perf_counter())
+        if ex is not None:
+            ex.finish(time.perf_counter(), headers=up.headers)
+        with contextlib.suppress(ConnectionError):
+            await resp.write_eof()
+        return resp
+
+    @staticmethod
+    def cut(request: web.BaseRequest) -> None:
+        """End the client's connection without the response's end, so that it knows it was cut."""
+        if request.transport is not None:
+            request.transport.abort()
+
+    # -- spans ------------------------------------------------------------------------------------------------
+    def trace(self, ex: Exchange, request: web.BaseRequest, start_ns: int) -> None:
+        if self.spans is None or ex.end is None or ex.outcome is None:
+            return
+        end_ns = start_ns + int((ex.end - ex.start) * 1e9)
+        generated = ex.generated
+        attrs: dict[str, Any] = {
+            "gen_ai.operation.name": ex.api.operation,
+            "gen_ai.provider.name": self.settings.engine_label,
+            "gen_ai.request.model": ex.model,
+            "gen_ai.request.stream": ex.ask.stream,
+            "gen_ai.request.max_tokens": ex.ask.max_tokens,
+            "gen_ai.response.id": ex.response_id,
+            "gen_ai.response.finish_reasons": finish_reasons(ex.finish_reasons, ex.outcome) or None,
+            "gen_ai.usage.input_tokens": ex.prompt_tokens,
+            "gen_ai.usage.output_tokens": generated[0] if generated else None,
+            "gen_ai.response.time_to_first_chunk": ex.ttft,
+            "gen_ai.server.time_to_first_token": ex.ttft,
+            "http.response.status_code": ex.status or None,
+            "server.address": URL(self.settings.upstream).host,
+            "server.port": URL(self.settings.upstream).port,
+            LORA_ADAPTER: ex.adapter,
+            OUTCOME: ex.outcome,
+            TOKENS_ESTIMATED: generated[1] if generated else None,
+            CONTENT_CHUNKS: ex.contents if ex.streamed else None,
+        }
+        error = None
+        if ex.outcome == V.OUTCOME_ERROR:
+            error = ex.error or (f"http {ex.status}" if ex.status >= 400 else "error")
+            attrs["error.type"] = error if ex.status < 400 else str(ex.status)
+        name = f"{ex.api.operation} {ex.model}"
+        self.spans.emit(name, start_ns, end_ns, _headers(request.headers), attrs, error)
+
+
+def _headers(headers: Mapping[str, str]) -> dict[str, str]:
+    return {k: v for k, v in headers.items() if k.lower() in ("traceparent", "tracestate")}
+
+
+async def run(settings: ProxySettings, ready: asyncio.Event | None = None, stop: asyncio.Event | None = None) -> None:
+    """Serve until ``stop`` is set (or forever)."""
+    proxy = Proxy(settings)
+    await proxy.start()
+    try:
+        if ready is not None:
+            ready.set()
+        await (stop or asyncio.Event()).wait()
+    finally:
+        await proxy.stop()

@@ -99,8 +99,9 @@ class Ingestor:
             if ticket.refused is not None:
                 self.metrics.rejected.labels(reason=ticket.refused).inc(total)
                 message = REFUSALS.get(ticket.refused, ticket.refused)
-                return IngestResult(0, total, message, backpressure=True, unavailable=ticket.refused != "queue_full")
-            if not ticket.wait(self.timeout):
+                unavailable = ticket.refused != "queue_full" or not self.writer.db_ok
+                return IngestResult(0, total, message, backpressure=True, unavailable=unavailable)
+            if not ticket.wait(self.timeout):  # only without a spool copy: waiting for the database commit
                 # still queued: it will be written, and the client's retry deduplicated
                 self.metrics.rejected.labels(reason="write_timeout").inc(total)
                 message = f"not stored within {self.timeout:g} s (database slow or unreachable), retry later"

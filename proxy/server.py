@@ -150,6 +150,7 @@ class Proxy:
             self._servers.append(msrv)
             self.metrics_port = msrv.sockets[0].getsockname()[1]
         if s.discover_models and self.upstream_info.models:
+            await self._load_models()  # before the first request, when the engine is up already
             self._refresh_task = loop.create_task(self._refresh_models(), name="proxy-models")
 
     async def stop(self) -> None:
@@ -200,8 +201,8 @@ class Proxy:
     # -- models -----------------------------------------------------------------------------------------------
     async def _refresh_models(self) -> None:
         while True:
+            await asyncio.sleep(MODELS_REFRESH_S if self.served_model or self.adapters else MODELS_RETRY_S)
             await self._load_models()
-            await asyncio.sleep(MODELS_REFRESH_S)
 
     async def _load_models(self) -> None:
         assert self.session is not None and self.upstream_info.models is not None

@@ -41,6 +41,8 @@ REQUEST_IDS: Final = ("gen_ai.response.id", "gen_ai.request.id")
 REQUEST_MODEL: Final = "gen_ai.request.model"
 CLAIM_KEYS: Final = frozenset({OPERATION, *INPUT_TOKENS, *OUTPUT_TOKENS, REQUEST_MODEL})
 NOT_MODEL_CALLS: Final = frozenset({"execute_tool", "create_agent", "invoke_agent", "invoke_workflow"})
+LORA_ADAPTER: Final = "inferwatch.lora_adapter"
+"""The request's LoRA adapter, which no GenAI convention names (``inferwatch proxy`` sets it)."""
 
 COLUMNS: Final[dict[str, Column]] = {
     "gen_ai.usage.cache_read.input_tokens": Column(R.CACHED_TOKENS, "int"),
@@ -48,6 +50,7 @@ COLUMNS: Final[dict[str, Column]] = {
     "gen_ai.request.choice.count": Column("n", "int"),
     "gen_ai.request.max_tokens": Column("max_tokens", "int"),
     "gen_ai.request.temperature": Column("temperature", "float"),
+    LORA_ADAPTER: Column("lora_adapter", "str"),
 }
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextvars
 import functools
 import json
 import math
@@ -352,8 +353,15 @@ def compute_stats(
                 entry[group_by] = key
             # one field per thread: the database walks its indexes outside the GIL
             with ThreadPoolExecutor(max_workers=len(STAT_FIELDS)) as pool:
-                futures = [
-                    pool.submit(percentiles, engine=engine, field=f, where=cond, n=int(m[f"n_{f}"]))
+                futures = [  # each in a copy of this context: the caller's database deadline holds there too
+                    pool.submit(
+                        contextvars.copy_context().run,
+                        percentiles,
+                        engine=engine,
+                        field=f,
+                        where=cond,
+                        n=int(m[f"n_{f}"]),
+                    )
                     for f in STAT_FIELDS
                 ]
                 for field, future in zip(STAT_FIELDS, futures, strict=True):

@@ -613,6 +613,10 @@ def test_postgres_partition_spools_answers_503_and_recovers(tmp_path: Path) -> N
 
                 proxy.silence()
                 started = time.monotonic()
+                r = http.get("/api/v1/requests")  # a pooled connection into the silence: the client-side deadline
+                timings["first read into the silence answered (s)"] = time.monotonic() - started
+                assert r.status_code == 503 and "database" in r.json()["detail"]
+                started = time.monotonic()
                 r = post(http, 200)  # the writer's insert hangs: the batch is spooled past the write deadline
                 timings["first export in the partition answered (s)"] = time.monotonic() - started
                 assert r.status_code == 200
@@ -664,3 +668,4 @@ def test_postgres_partition_spools_answers_503_and_recovers(tmp_path: Path) -> N
     assert timings["first export in the partition answered (s)"] < 8
     assert timings["/readyz answered (s)"] < 8
     assert timings["/api/v1/requests answered (s)"] < 10
+    assert timings["first read into the silence answered (s)"] < 15

@@ -13,9 +13,10 @@ from typing import Annotated, Any, Final, TypeVar
 
 from fastapi import APIRouter, Depends, HTTPException, Query
 
-from inferwatch.collector import store
-from inferwatch.collector.deps import READ_RESPONSES, EngineDep, require_read
+from inferwatch.collector import db, store
+from inferwatch.collector.deps import READ_RESPONSES, CollectorDep, EngineDep, require_read
 from inferwatch.collector.schemas import ErrorBody, RequestDetail, RequestDetails, RequestPage
+from inferwatch.collector.service import Collector
 
 T = TypeVar("T")
 
@@ -30,10 +31,19 @@ router = APIRouter(
 )
 
 
-async def query(fn: Callable[..., T], **kwargs: Any) -> T:
-    """Run a blocking store query in a worker thread; 503 when the database is unavailable."""
+async def query(fn: Callable[..., T], *, collector: Collector, **kwargs: Any) -> T:
+    """Run a blocking store query in a worker thread; 503 when the database is unavailable. While the writer
+    knows the database to be down, the query gets the readiness probe's short deadline: the answer is a
+    quick 503, or the data should the database answer reads after all."""
+
+    def run() -> T:
+        if collector.writer.db_ok:
+            return fn(**kwargs)
+        with db.deadline(store.READINESS_TIMEOUT_S):
+            return fn(**kwargs)
+
     try:
-        return await asyncio.to_thread(fn, **kwargs)
+        return await asyncio.to_thread(run)
     except store.DatabaseUnavailable as exc:
         raise HTTPException(status_code=503, detail=str(exc)) from None
 
@@ -56,6 +66,7 @@ def parse_time(value: str | None, name: str) -> datetime | None:
 
 @router.get("/requests", responses={400: {"model": ErrorBody, "description": "Invalid cursor, time or filter"}})
 async def list_requests(
+    collector: CollectorDep,
     engine: EngineDep,
     llm_engine: Annotated[str | None, Query(alias="engine")] = None,
     model: str | None = None,
@@ -90,12 +101,20 @@ async def list_requests(
     except store.InvalidCursor as exc:
         raise HTTPException(status_code=400, detail=str(exc)) from None
     return await query(
-        store.list_requests, engine=engine, filters=filters, sort=sort, order=order, limit=limit, offset=offset
+        store.list_requests,
+        collector=collector,
+        engine=engine,
+        filters=filters,
+        sort=sort,
+        order=order,
+        limit=limit,
+        offset=offset,
     )
 
 
 @router.get("/requests/{request_id}", responses={404: {"model": ErrorBody, "description": "No such request"}})
 async def get_request(
+    collector: CollectorDep,
     engine: EngineDep,
     request_id: str,
     instance: Annotated[
@@ -105,7 +124,9 @@ async def get_request(
     """One request (by row id, request id or span id) with its phase breakdown; several rows as a list:
     the samples of an ``n>1`` request, or the same request id on several replicas (``instances`` lists
     them; ``?instance=`` picks one)."""
-    rows = await query(store.find_requests, engine=engine, request_id=request_id, instance=instance)
+    rows = await query(
+        store.find_requests, collector=collector, engine=engine, request_id=request_id, instance=instance
+    )
     if not rows:
         where = f" on instance {instance!r}" if instance is not None else ""
         raise HTTPException(status_code=404, detail=f"no request {request_id!r}{where}")

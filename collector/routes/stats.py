@@ -8,7 +8,7 @@ from fastapi import APIRouter, Depends, HTTPException, Query
 
 from inferwatch.collector import store
 from inferwatch.collector.config import parse_duration
-from inferwatch.collector.deps import READ_RESPONSES, EngineDep, require_read
+from inferwatch.collector.deps import READ_RESPONSES, CollectorDep, EngineDep, require_read
 from inferwatch.collector.routes.requests import DB_RESPONSES, query
 from inferwatch.collector.schemas import ErrorBody, GroupBy, Stats
 from inferwatch.core.schema import E2E, QUEUE, TPOT, TTFT
@@ -26,6 +26,7 @@ Slo = Annotated[float | None, Query(gt=0, allow_inf_nan=False, description="seco
     responses={400: {"model": ErrorBody, "description": "Invalid window"}},
 )
 async def stats(
+    collector: CollectorDep,
     engine: EngineDep,
     window: Annotated[str, Query(description="e.g. 1h, 30m, 7d (the requests that finished in it)")] = "1h",
     group_by: GroupBy = "none",
@@ -53,4 +54,6 @@ async def stats(
         for field, value in ((TTFT, slo_ttft), (TPOT, slo_tpot), (E2E, slo_e2e), (QUEUE, slo_queue))
         if value is not None
     }
-    return await query(store.compute_stats, engine=engine, window=delta, group_by=group_by, slos=slos)
+    return await query(
+        store.compute_stats, collector=collector, engine=engine, window=delta, group_by=group_by, slos=slos
+    )

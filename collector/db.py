@@ -215,9 +215,16 @@ def _deadline_connection() -> type[Any]:
     server never getting to say so. Past the deadline the connection is abandoned (closed) and an
     ``OperationalError`` raised: SQLAlchemy sees a disconnect and discards it.
     """
+    import inspect
+
     import psycopg
 
     wait_timeout: Any = getattr(psycopg.errors, "_WaitTimeout", None)
+    if "timeout" not in inspect.signature(psycopg.Connection.wait).parameters:  # an older psycopg
+        log.warning(
+            "psycopg %s cannot time out a wait: statement_timeout only, no client deadline", psycopg.__version__
+        )
+        return psycopg.Connection
 
     class DeadlineConnection(psycopg.Connection[Any]):
         round_trip_limit: float = math.inf

@@ -38,6 +38,8 @@ class Reading:
     """from the engine's usage (exact)."""
     error: str | None = None
     response_id: str | None = None
+    final: bool = False
+    """the last event of the response (TGI's carries ``generated_text``)."""
 
 
 @dataclass(frozen=True)
@@ -210,6 +212,7 @@ def tgi_event(obj: Any) -> Reading:
     r.completion_tokens = _int(details.get("generated_tokens"))
     r.prompt_tokens = _int(details.get("input_length"))
     r.error = _error_text(o.get("error"))
+    r.final = o.get("generated_text") is not None
     return r
 
 

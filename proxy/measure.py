@@ -27,11 +27,13 @@ DONE: Final = b"[DONE]"
 class SseReader:
     """Incremental SSE parsing: complete events' ``data`` as JSON (``[DONE]`` and non-JSON skipped)."""
 
-    __slots__ = ("broken", "buffer")
+    __slots__ = ("broken", "buffer", "done")
 
     def __init__(self) -> None:
         self.buffer = b""
         self.broken = False
+        self.done = False
+        """``[DONE]`` went by: the stream is complete even if the client hangs up before its last byte."""
 
     def feed(self, data: bytes) -> list[Any]:
         if self.broken:
@@ -50,7 +52,10 @@ class SseReader:
                 break
             payload = _data(buf[start:end])
             start = end + sep
-            if payload is None or payload == DONE:
+            if payload is None:
+                continue
+            if payload == DONE:
+                self.done = True
                 continue
             try:
                 out.append(json.loads(payload))
@@ -102,6 +107,7 @@ class Exchange:
     outcome: str | None = None
     sse: SseReader | None = None
     body: bytearray | None = None
+    final: bool = False
 
     # -- the response ---------------------------------------------------------------------------------
     def begin(self, status: int, content_type: str) -> None:
@@ -145,6 +151,18 @@ class Exchange:
             self.error = reading.error
         if self.response_id is None:
             self.response_id = reading.response_id
+        if reading.final:
+            self.final = True
+
+    @property
+    def complete(self) -> bool:
+        """The client has had the whole response (the end marker or the last event went by): hanging up
+        now, before the connection's last byte (the OpenAI client stops at ``[DONE]``), is no abort."""
+        return self.final or (self.sse is not None and self.sse.done)
+
+    def gone(self, now: float) -> str:
+        """The client went away."""
+        return self.finish(now, None if self.complete else V.OUTCOME_ABORT)
 
     # -- the end ---------------------------------------------------------------------------------------
     def finish(self, now: float, outcome: str | None = None, error: str | None = None, headers: Any = None) -> str:

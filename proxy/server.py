@@ -258,7 +258,7 @@ class Proxy:
         finally:
             if exchange is not None:
                 if exchange.outcome is None:  # cancelled: the client went away
-                    exchange.finish(time.perf_counter(), V.OUTCOME_ABORT)
+                    exchange.gone(time.perf_counter())
                 self.trace(exchange, request, start_ns)
 
     async def read_body(self, request: web.BaseRequest) -> bytes | web.StreamResponse:
@@ -364,7 +364,7 @@ class Proxy:
                 await resp.write(data)
             except ConnectionError:  # the client went away
                 if ex is not None:
-                    ex.finish(time.perf_counter(), V.OUTCOME_ABORT)
+                    ex.gone(time.perf_counter())
                 return resp
             if ex is not None:
                 ex.feed(data, time.perf_counter())

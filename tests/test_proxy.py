@@ -379,6 +379,8 @@ def echo_upstream(run_loop: asyncio.AbstractEventLoop | None = None) -> Iterator
                 request.transport.abort()
                 return resp
             await resp.write(b"data: [DONE]\n\n")
+            if request.query.get("linger"):
+                await asyncio.sleep(1)
             await resp.write_eof()
             return resp
         return web.Response(
@@ -441,6 +443,20 @@ def test_sse_chunks_go_on_as_they_arrive() -> None:
         assert arrivals[-1][0] > 0.8
         text = run.metrics()
         assert value(text, V.CLIENT_CHUNK_GAP.name + "_count", engine=V.UNKNOWN, model="m") == 2
+        assert value(text, V.CLIENT_REQUESTS.name, engine=V.UNKNOWN, model="m", outcome=V.OUTCOME_STOP) == 1
+
+
+def test_a_client_that_hangs_up_after_the_end_marker_did_not_abort() -> None:
+    """The OpenAI client stops reading at ``[DONE]`` and closes the connection, possibly before the
+    response's last byte (seen with the real vLLM): the request is complete, not aborted."""
+    with echo_upstream() as echo, running_proxy(echo.url) as run:
+        with httpx.stream("POST", run.url + "/v1/completions?linger=1", json={"model": "m", "stream": True}) as r:
+            for line in r.iter_lines():
+                if line == "data: [DONE]":
+                    break
+        (record,) = run.records(1)
+        assert record.attributes["inferwatch.proxy.outcome"] == V.OUTCOME_STOP
+        text = run.metrics()
         assert value(text, V.CLIENT_REQUESTS.name, engine=V.UNKNOWN, model="m", outcome=V.OUTCOME_STOP) == 1
 
 

@@ -48,6 +48,7 @@ bench: $(STAMP) ## benchmarks (non-zero exit when a target is missed)
 	$(PY) -m bench.exporter_fleet
 	$(PY) -m bench.collector
 	$(PY) -m bench.diagnose
+	$(PY) -m bench.proxy
 
 soak: $(STAMP) ## collector under load for a minute: no loss, flat RSS
 	$(PY) -m bench.soak

@@ -467,7 +467,7 @@ def main() -> int:
         asyncio.run(upstream_main(args.serve_upstream, args.interval_ms / 1000))
         return 0
     if args.quick:
-        args.latency_tokens, args.throughput_tokens, args.duration, args.rounds = 50, 20, 3.0, 2
+        args.latency_tokens, args.duration, args.rounds = 50, 4.0, 2
     return asyncio.run(run(args))
 
 

@@ -1,7 +1,8 @@
 """``inferwatch demo``: the whole pipeline on this machine, and a live view that fits 80 columns.
 
 Everything runs on 127.0.0.1 as child processes of the demo, each in a session of its own: a
-simulated vLLM, TGI, trtllm-serve and Triton under load, an exporter beside each, the collector
+simulated vLLM, TGI, trtllm-serve and Triton under load, an exporter beside each, inferwatch proxy in
+front of the simulated TGI (clients through it; TGI measures no TTFT of its own), the collector
 (request spans, diagnosis, alert webhook), and - when Debian's binaries are installed -
 Prometheus (the generated ``prometheus.yml`` and rules of ``inferwatch generate stack``, with
 short alert durations so that the chain shows within a couple of minutes) and Alertmanager (the
@@ -32,6 +33,7 @@ from types import FrameType
 from typing import Any, Final
 
 import httpx
+import yaml
 from rich import box
 from rich.console import Console, Group
 from rich.live import Live
@@ -65,6 +67,19 @@ DEMO_ALERTS: Final[dict[str, str]] = {
     "page_repeat_interval": "5m",
     "ticket_repeat_interval": "5m",
 }
+PROXIED: Final = V.ENGINE_TGI
+"""The engine the demo puts inferwatch proxy in front of: the one that measures no TTFT itself."""
+CLIENT_RPS: Final = 2.0
+"""Streaming requests per second the demo's clients send through the proxy."""
+CLIENT_ABORT_SHARE: Final = 0.05
+"""Share of those clients that hang up after a few chunks (the proxy counts them as aborts)."""
+CLIENT_SLO: Final[dict[str, Any]] = {
+    "name": "ttft-client-500ms",
+    "description": "99% of requests show their first token to the client within 500 ms (at inferwatch proxy)",
+    "objective": 99.0,
+    "indicator": {"latency": {"metric": V.TIME_TO_FIRST_TOKEN.key, "threshold_seconds": 0.5, "measured_at": "proxy"}},
+    "group_by": [V.LABEL_MODEL],
+}
 SHORT_SYMPTOM: Final[dict[str, str]] = {
     "latency_p99_high": "queue backlog",
     "throughput_low": "KV full",
@@ -88,6 +103,17 @@ class Member:
     sim_port: int
     exporter_port: int
     history: deque[Scrape] = field(default_factory=lambda: deque(maxlen=64))
+    proxy_port: int | None = None
+    proxy_metrics_port: int | None = None
+    proxy_history: deque[Scrape] = field(default_factory=lambda: deque(maxlen=64))
+
+    @property
+    def proxy_url(self) -> str | None:
+        return None if self.proxy_port is None else f"http://127.0.0.1:{self.proxy_port}"
+
+    @property
+    def proxy_metrics_url(self) -> str | None:
+        return None if self.proxy_metrics_port is None else f"http://127.0.0.1:{self.proxy_metrics_port}/metrics"
 
     @property
     def sim_url(self) -> str:
@@ -97,11 +123,12 @@ class Member:
     def metrics_url(self) -> str:
         return f"http://127.0.0.1:{self.exporter_port}/metrics"
 
-    def window(self) -> tuple[Scrape | None, Scrape | None]:
-        if not self.history:
+    def window(self, history: deque[Scrape] | None = None) -> tuple[Scrape | None, Scrape | None]:
+        history = self.history if history is None else history
+        if not history:
             return None, None
-        last = self.history[-1]
-        earlier = next((s for s in self.history if last.at - s.at <= WINDOW_SECONDS and s is not last), None)
+        last = history[-1]
+        earlier = next((s for s in history if last.at - s.at <= WINDOW_SECONDS and s is not last), None)
         return earlier, last
 
 
@@ -187,6 +214,7 @@ def view(members: list[Member], title: str, insight: Insight | None = None, widt
     with insight.lock:
         exact, diagnosis, burn = dict(insight.exact_p99), dict(insight.diagnosis), dict(insight.burn)
         incidents, count = list(insight.incidents), insight.incident_count
+    at_proxy = False
     for m in members:
         earlier, last = m.window()
         if last is None:
@@ -200,10 +228,16 @@ def view(members: list[Member], title: str, insight: Insight | None = None, widt
             diag = Text(SHORT_SYMPTOM.get(symptom, symptom), style="bold red" if severity == "critical" else "yellow")
         rate = burn.get(model_of(m.engine))
         burn_text = Text(_count(rate, "x"), style="bold red" if rate and rate >= 14.4 else "")
+        ttft = _latency(last, earlier, V.TIME_TO_FIRST_TOKEN, 0.99)
+        p_earlier, p_last = m.window(m.proxy_history)
+        if ttft == "-" and p_last is not None:
+            client = _latency(p_last, p_earlier, V.CLIENT_TIME_TO_FIRST_TOKEN, 0.99)
+            if client != "-":
+                ttft, at_proxy = f"{client}*", True
         table.add_row(
             Text(m.engine, style="" if last.up else "red strike"),
             _count(last.rate(earlier, V.REQUESTS.name)),
-            _latency(last, earlier, V.TIME_TO_FIRST_TOKEN, 0.99),
+            ttft,
             _fmt(exact.get(m.engine), "s"),
             _latency(last, earlier, V.TIME_PER_OUTPUT_TOKEN, 0.99),
             f"{_count(running)}/{_count(waiting)}",
@@ -213,6 +247,8 @@ def view(members: list[Member], title: str, insight: Insight | None = None, widt
             diag,
         )
     lines: list[Text] = []
+    if at_proxy:
+        lines.append(Text("* at the client, through inferwatch proxy (the engine measures no TTFT)", style="dim"))
     firing = [i for i in incidents if i.get("status") == "firing"]
     summary = f"incidents: {count} ({len(firing)} firing) via Prometheus -> Alertmanager -> collector"
     lines.append(Text(summary, style="bold" if firing else "dim"))
@@ -223,12 +259,68 @@ def view(members: list[Member], title: str, insight: Insight | None = None, widt
 
 
 def _scrape(client: httpx.Client, m: Member) -> None:
-    try:
-        text = client.get(m.metrics_url, timeout=5).text
-    except httpx.HTTPError:
-        return
-    with contextlib.suppress(ValueError):
-        m.history.append(Scrape.parse(text, time.monotonic()))
+    for url, history in ((m.metrics_url, m.history), (m.proxy_metrics_url, m.proxy_history)):
+        if url is None:
+            continue
+        try:
+            text = client.get(url, timeout=5).text
+        except httpx.HTTPError:
+            continue
+        with contextlib.suppress(ValueError):
+            history.append(Scrape.parse(text, time.monotonic()))
+
+
+class Clients:
+    """Streaming clients of the proxied engine: Poisson arrivals through inferwatch proxy, a few of
+    them hanging up after some chunks (an abort, as users do), so the proxy has something to measure."""
+
+    def __init__(self, url: str, rps: float, abort_share: float, seed: int = 7) -> None:
+        import random
+
+        self.url, self.rps, self.abort_share = url, rps, abort_share
+        self.rng = random.Random(seed)
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="demo-clients", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(timeout=10)
+
+    def _run(self) -> None:
+        import asyncio
+
+        asyncio.run(self._main())
+
+    async def _main(self) -> None:
+        import asyncio
+
+        tasks: set[asyncio.Task[None]] = set()
+        async with httpx.AsyncClient(timeout=60) as client:
+            while not self.stop.is_set():
+                await asyncio.sleep(self.rng.expovariate(self.rps))
+                abort_after = self.rng.randint(1, 4) if self.rng.random() < self.abort_share else None
+                body = {
+                    "inputs": "Tell me about KV caches. " * self.rng.randint(2, 40),
+                    "parameters": {"max_new_tokens": self.rng.randint(16, 96)},
+                }
+                task = asyncio.create_task(self._one(client, body, abort_after))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+            for task in list(tasks):
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _one(self, client: httpx.AsyncClient, body: dict[str, Any], abort_after: int | None) -> None:
+        with contextlib.suppress(httpx.HTTPError):
+            async with client.stream("POST", f"{self.url}/generate_stream", json=body) as response:
+                chunks = 0
+                async for _ in response.aiter_lines():
+                    chunks += 1
+                    if abort_after is not None and chunks >= abort_after:
+                        return  # the client goes away mid-stream
 
 
 def refresh_insight(client: httpx.Client, collector: str, insight: Insight, with_prometheus: bool) -> None:
@@ -282,8 +374,13 @@ def _binary(names: tuple[str, ...]) -> str | None:
 
 
 def demo_spec() -> SLOFile:
+    """The shipped SLOs with short alert durations, and a TTFT SLO measured at the proxy (the only
+    TTFT the proxied engine has)."""
     spec = load(resources.default_slo_path(), V.Vocabulary())
-    return spec.model_copy(update={"alerts": spec.alerts.model_copy(update=DEMO_ALERTS)})
+    data = spec.model_dump()
+    data["slos"].append(CLIENT_SLO)
+    data["alerts"].update(DEMO_ALERTS)
+    return SLOFile.model_validate(data)
 
 
 @dataclass
@@ -320,9 +417,11 @@ def run_demo(duration: float | None, vllm_profile: str, speed: float, base_port:
     if not console.is_terminal:
         console = Console(width=80, highlight=False)
     width = min(console.width, 100)
-    ports = free_ports(2 * len(ENGINES) + 4, base_port)
+    ports = free_ports(2 * len(ENGINES) + 6, base_port)
     members = [Member(e, ports[2 * i], ports[2 * i + 1]) for i, e in enumerate(ENGINES)]
-    collector_http, collector_grpc, prom_port, am_port = ports[-4:]
+    collector_http, collector_grpc, prom_port, am_port, proxy_port, proxy_metrics_port = ports[-6:]
+    proxied = next(m for m in members if m.engine == PROXIED)
+    proxied.proxy_port, proxied.proxy_metrics_port = proxy_port, proxy_metrics_port
     collector = f"http://127.0.0.1:{collector_http}"
     logdir = Path(tempfile.mkdtemp(prefix="inferwatch-demo-"))
     children = Children(logdir)
@@ -338,7 +437,11 @@ def run_demo(duration: float | None, vllm_profile: str, speed: float, base_port:
     old_term = signal.signal(signal.SIGTERM, stop)
     try:
         layout = Layout(
-            exporters=tuple(Exporter(f"127.0.0.1:{m.exporter_port}") for m in members),
+            # the proxy's /metrics is scraped like an exporter's (its series are llm_client_*)
+            exporters=(
+                *(Exporter(f"127.0.0.1:{m.exporter_port}") for m in members),
+                Exporter(f"127.0.0.1:{proxy_metrics_port}"),
+            ),
             prometheus=f"127.0.0.1:{prom_port}",
             alertmanager=f"127.0.0.1:{am_port}",
             collector=f"127.0.0.1:{collector_http}",
@@ -346,9 +449,13 @@ def run_demo(duration: float | None, vllm_profile: str, speed: float, base_port:
             evaluation_interval=SCRAPE_INTERVAL,
         )
         config = logdir / "config"
-        for name, content in generate(demo_spec(), V.Vocabulary(), layout).items():
+        spec = demo_spec()
+        for name, content in generate(spec, V.Vocabulary(), layout).items():
             (config / name).parent.mkdir(parents=True, exist_ok=True)
             (config / name).write_bytes(content)
+        # the collector reads the same SLOs (its SLO status and burn rates)
+        slo_file = config / "slos.yaml"
+        slo_file.write_text(yaml.safe_dump(spec.model_dump(mode="json", exclude_defaults=True), sort_keys=False))
         col_cmd = [
             *py,
             "collector",
@@ -357,6 +464,7 @@ def run_demo(duration: float | None, vllm_profile: str, speed: float, base_port:
             f"--listen=127.0.0.1:{collector_http}",
             f"--grpc-listen=127.0.0.1:{collector_grpc}",
             f"--notify-config={config / 'collector' / 'notify.yaml'}",
+            f"--slo={slo_file}",
             "--log-level=warning",
             *(f"--exporter=http://127.0.0.1:{m.exporter_port}" for m in members),
         ]
@@ -386,6 +494,10 @@ def run_demo(duration: float | None, vllm_profile: str, speed: float, base_port:
                 exp += ["--engine-option", f"max_batch_total_tokens={TGI_KV_TOKENS}"]
             children.start(f"{m.engine}-simulator", sim)
             children.start(f"{m.engine}-exporter", exp)
+            if m.proxy_port is not None:
+                proxy = [*py, "proxy", f"--upstream={m.sim_url}", f"--engine={m.engine}"]
+                proxy += [f"--listen=127.0.0.1:{m.proxy_port}", f"--metrics-listen=127.0.0.1:{m.proxy_metrics_port}"]
+                children.start(f"{m.engine}-proxy", [*proxy, "--log-level=warning"])
         if prometheus_bin:
             children.start(
                 "prometheus",
@@ -444,6 +556,8 @@ def run_demo(duration: float | None, vllm_profile: str, speed: float, base_port:
 
             worker = threading.Thread(target=background, name="demo-insight", daemon=True)
             worker.start()
+            clients = Clients(str(proxied.proxy_url), CLIENT_RPS * speed, CLIENT_ABORT_SHARE)
+            clients.start()
             title = f"inferwatch demo - last {WINDOW_SECONDS:g} s"
             live = console.is_terminal
             last_print = 0.0
@@ -464,6 +578,7 @@ def run_demo(duration: float | None, vllm_profile: str, speed: float, base_port:
                         time.sleep(1.0)
             finally:
                 done.set()
+                clients.close()
                 worker.join(timeout=20)
             refresh_insight(client, collector, insight, prometheus_bin is not None)
             console.print(view(members, "final state", insight, width))
@@ -486,6 +601,9 @@ def _print_endpoints(
     for m in members:
         table.add_row(f"{m.engine} (simulated)", m.sim_url)
         table.add_row(f"{m.engine} exporter", m.metrics_url)
+        if m.proxy_url is not None:
+            table.add_row(f"{m.engine} via inferwatch proxy", str(m.proxy_url))
+            table.add_row(f"{m.engine} proxy metrics", str(m.proxy_metrics_url))
     table.add_row("collector API", f"{collector}/docs")
     table.add_row("diagnosis", f"{collector}/api/v1/diagnose")
     table.add_row("incidents", f"{collector}/api/v1/incidents")

@@ -130,7 +130,7 @@ def kill_groups(pgids: list[int]) -> None:
 
 
 def test_demo_runs_the_whole_pipeline_and_stops_everything(tmp_path: Path) -> None:
-    """The demo starts the simulated fleet, the exporters, the collector, Prometheus and Alertmanager, each
+    """The demo starts the simulated fleet, the exporters, a proxy, the collector, Prometheus and Alertmanager, each
     in a session of its own; under kv-pressure an alert travels Prometheus -> Alertmanager -> collector; at
     the end every process it started is gone: the test records the demo's descendants while it runs and
     checks afterwards that each of them, and each one's process group, is gone (the demo's own group too)."""
@@ -185,4 +185,8 @@ def test_demo_runs_the_whole_pipeline_and_stops_everything(tmp_path: Path) -> No
         assert rows[engine][3] != "-", f"no exact p99 from the collector for {engine}: {rows[engine]}"
     reached = stdout_text.split("alerts that reached the collector:")[-1]
     assert V.ALERT_PREEMPTIONS_SUSTAINED in reached or V.ALERT_KV_SATURATED in reached, reached
-    assert "stopped 11 processes" in stdout_text
+    # TGI measures no TTFT: the view shows the one inferwatch proxy measured in front of it
+    tgi_ttft = rows[V.ENGINE_TGI][2]
+    assert tgi_ttft.endswith("*") and tgi_ttft != "-*", rows[V.ENGINE_TGI]
+    assert "at the client, through inferwatch proxy" in final
+    assert "stopped 12 processes" in stdout_text

@@ -16,6 +16,7 @@ from fastapi import FastAPI
 from sqlalchemy import Engine
 
 from inferwatch.collector.config import CollectorSettings
+from inferwatch.collector.rollup import RollupJob
 from inferwatch.collector.routes import alerts, health, oncall, otlp, requests, stats
 from inferwatch.collector.service import build
 
@@ -25,16 +26,19 @@ API_PREFIX: Final = "/api/v1"
 def create_app(settings: CollectorSettings, engine: Engine | None = None, start_grpc: bool = True) -> FastAPI:
     """The collector app. ``engine`` may be passed in (tests); otherwise it comes from the settings."""
     collector = build(settings, engine)
+    rollups = RollupJob(collector.engine)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         collector.start(grpc=start_grpc)
         collector.alerts.start()
+        rollups.start()
         try:
             yield
         finally:
             # every step runs even when an earlier one fails: the writer must flush its queue
             try:
+                await asyncio.to_thread(rollups.stop)
                 await collector.alerts.stop()
             finally:
                 try:
@@ -48,6 +52,7 @@ def create_app(settings: CollectorSettings, engine: Engine | None = None, start_
         lifespan=lifespan,
     )
     app.state.collector = collector
+    app.state.rollups = rollups
     app.include_router(otlp.router)
     app.include_router(health.router)
     app.include_router(requests.router, prefix=API_PREFIX)

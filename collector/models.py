@@ -28,6 +28,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     String,
     Table,
@@ -64,6 +65,9 @@ __all__ = [
     "NAMING_CONVENTION",
     "NOTIFICATIONS_TABLE",
     "REQUEST_TABLE",
+    "ROLLUP_FIELDS",
+    "ROLLUP_STATE_TABLE",
+    "ROLLUP_TABLE",
     "TABLE_NAME",
     "UTCDateTime",
 ]
@@ -146,9 +150,15 @@ REQUEST_TABLE: Final = Table(
     Index(f"ix_{TABLE_NAME}_start_time", "start_time"),
     Index(f"ix_{TABLE_NAME}_engine_model_start_time", "engine", "model", "start_time"),
     Index(f"ix_{TABLE_NAME}_request_id", "request_id"),
-    # Covering indexes for the exact percentiles of /api/v1/stats (ordered by the latency, filtered
-    # by time, grouped by engine/model without touching the table) and for sorting the request list.
-    *(Index(f"ix_{TABLE_NAME}_{col}_stats", col, "start_time", "engine", "model") for col in (TTFT, TPOT, E2E, QUEUE)),
+    # The stats windows hold the requests that finished in them: the window's rows by their end time.
+    Index(f"ix_{TABLE_NAME}_end_time", "end_time"),
+    # Covering indexes for the exact percentiles of /api/v1/stats (a latency range read in order, filtered by
+    # the end time and grouped by engine, model or instance without touching the table) and for sorting the
+    # request list.
+    *(
+        Index(f"ix_{TABLE_NAME}_{col}_stats", col, "end_time", "engine", "model", "instance")
+        for col in (TTFT, TPOT, E2E, QUEUE)
+    ),
 )
 """One finished LLM request (one sequence) per row; ``received_at``: when the collector wrote it (UTC)."""
 
@@ -269,3 +279,47 @@ DELIVERY_ATTEMPTS_TABLE: Final = Table(
     Column("duration_seconds", Double, nullable=False),
     Index("ix_delivery_attempts_delivery_id", "delivery_id"),
 )
+
+
+# --- stats rollups: per minute and per hour, per (engine, model, instance) -----------------------------------------
+ROLLUP_FIELDS: Final = (TTFT, TPOT, E2E, QUEUE)
+"""The latency columns the rollups sketch (those ``/api/v1/stats`` reports)."""
+
+ROLLUP_TABLE: Final = Table(
+    "request_rollups",
+    METADATA,
+    Column("id", ID_TYPE, primary_key=True, autoincrement=True),
+    Column("period_seconds", Integer, nullable=False),
+    Column("period_start", UTCDateTime, nullable=False),
+    Column("engine", String, nullable=False),
+    Column("model", String),
+    Column("instance", String),
+    Column("requests", BigInteger, nullable=False),
+    Column("failed", BigInteger, nullable=False),
+    Column(PROMPT_TOKENS, BigInteger, nullable=False),
+    Column(f"{PROMPT_TOKENS}_count", BigInteger, nullable=False),
+    Column(GENERATION_TOKENS, BigInteger, nullable=False),
+    Column(f"{GENERATION_TOKENS}_count", BigInteger, nullable=False),
+    *(
+        c
+        for f in ROLLUP_FIELDS
+        for c in (Column(f"{f}_count", BigInteger, nullable=False), Column(f"{f}_sketch", LargeBinary, nullable=False))
+    ),
+    Index("ix_request_rollups_period_seconds", "period_seconds", "period_start"),
+)
+"""The requests that ended in one minute (``period_seconds`` 60) or one hour (3600) of one (engine, model,
+instance): counts, token sums (and how many rows reported them), and per latency column the rows with a value
+and their log-bucket counts (:mod:`inferwatch.collector.sketch`). Maintained from the request table by
+:mod:`inferwatch.collector.rollup`; ``rollup_state`` says up to which row id."""
+
+ROLLUP_STATE_TABLE: Final = Table(
+    "rollup_state",
+    METADATA,
+    Column("name", String(32), primary_key=True),
+    Column("folded_id", BigInteger, nullable=False),
+    Column("seen_id", BigInteger),
+    Column("seen_at", UTCDateTime),
+    Column("updated_at", UTCDateTime, nullable=False),
+)
+"""The rollups' watermark: every request row with ``id <= folded_id`` is in them, none above; ``seen_id`` the
+largest id seen at ``seen_at`` (folded once every transaction that could still commit below it has ended)."""

@@ -164,14 +164,21 @@ class RequestDetails(Schema):
 
 
 class FieldStats(Schema):
-    """Exact nearest-rank percentiles of one column (null when no row has a value)."""
+    """Nearest-rank percentiles of one column (null when no row has a value): exact, or sketched within a
+    stated relative error."""
 
     count: int
-    """rows with a value."""
+    """rows with a value (always exact)."""
     p50: float | None
     p90: float | None
     p95: float | None
     p99: float | None
+    exact: bool = True
+    """true: the percentiles are observed values, exactly the nearest-rank percentiles of the rows; false:
+    sketched (the window holds more requests than the exact limit, or ``percentiles=sketch``)."""
+    relative_error: float = 0.0
+    """bound on |reported - exact| / exact of each percentile (0 when exact; sketched values below 1 µs are
+    reported as 0)."""
 
 
 class Goodput(Schema):
@@ -203,8 +210,19 @@ class StatsGroup(Schema):
     """only when an SLO is given."""
 
 
+StatsPlan = Literal["scan", "index", "sketch", "walk"]
+
+
 class Stats(Schema):
     window_seconds: float
+    """seconds from ``since`` to ``until`` (or now)."""
     since: IsoDateTime
+    """the requests that finished at or after this count."""
+    until: IsoDateTime | None = None
+    """... and before this; null: no bound."""
     group_by: GroupBy
+    plan: StatsPlan = "walk"
+    """how the percentiles were found: ``scan`` (exact; the window's rows in the percentiles' buckets),
+    ``index`` (exact; those buckets read from the covering latency indexes), ``sketch`` (the rollups' log
+    buckets, within ``relative_error``), ``walk`` (exact; index walks, while the rollups are far behind)."""
     data: list[StatsGroup]

@@ -3,8 +3,8 @@
 Blocking (routes call them through ``asyncio.to_thread``), keyword-only, no HTTP: bad input raises
 :class:`ValueError` (:class:`InvalidCursor`, :class:`InvalidFilter`), a database that cannot be reached
 or does not answer in time :class:`DatabaseUnavailable` (the routes answer 503). Results are the
-response models of :mod:`inferwatch.collector.schemas`. Percentiles are exact: nearest rank over the
-stored rows, read by walking the covering (latency, start_time, engine, model) indexes from the nearer end.
+response models of :mod:`inferwatch.collector.schemas`. Percentiles are exact (nearest rank over the stored
+rows) up to :data:`EXACT_LIMIT` requests in a window, sketched beyond (:func:`compute_stats` has the plans).
 """
 
 from __future__ import annotations
@@ -14,20 +14,31 @@ import binascii
 import contextvars
 import functools
 import json
+import logging
 import math
 import re
+from bisect import bisect_left
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, fields
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final, Literal, ParamSpec, TypeVar
 
-from sqlalchemy import Column, Connection, Engine, RowMapping, and_, case, func, or_, select, text, true
+from sqlalchemy import Column, Connection, Engine, RowMapping, and_, case, func, or_, select, text
 from sqlalchemy.sql.elements import ColumnElement
 
-from inferwatch.collector import db
-from inferwatch.collector.models import REQUEST_TABLE
-from inferwatch.collector.schemas import FieldStats, GroupBy, RequestDetail, RequestPage, RequestRow, Stats, StatsGroup
+from inferwatch.collector import db, rollup, sketch
+from inferwatch.collector.models import REQUEST_TABLE, ROLLUP_TABLE
+from inferwatch.collector.schemas import (
+    FieldStats,
+    GroupBy,
+    RequestDetail,
+    RequestPage,
+    RequestRow,
+    Stats,
+    StatsGroup,
+    StatsPlan,
+)
 from inferwatch.core.schema import DECODE, E2E, GENERATION_TOKENS, PREFILL, PROMPT_TOKENS, QUEUE, TPOT, TTFT
 
 SortField = Literal[
@@ -60,6 +71,8 @@ READINESS_TIMEOUT_S: Final = 2.0
 NUL: Final = "\x00"
 _HEX16: Final = re.compile(r"[0-9a-fA-F]{16}")
 _DIGITS: Final = re.compile(r"[0-9]{1,19}")
+
+log = logging.getLogger("inferwatch.collector")
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -239,16 +252,314 @@ def slowest_requests(*, engine: Engine, filters: RequestFilter, sort: SortField,
 
 # --- stats -----------------------------------------------------------------------------------------------------------
 
+StatsMode = Literal["auto", "exact", "sketch"]
+"""``auto``: exact up to :data:`EXACT_LIMIT` requests in the window, sketched beyond; or always one of the two."""
+Plan = StatsPlan
+
+EXACT_LIMIT: Final = 5_000_000
+"""``auto`` answers exactly up to this many requests in the window (exact stays under a second there)."""
+SCAN_SHARE: Final = 0.05
+"""A window holding less than this share of the table reads the values of its percentiles' buckets from its
+own rows (by end time); a larger one from the latency indexes (ranges of the whole table)."""
+TAIL_LIMIT: Final = 250_000
+"""Rows not yet in the rollups beyond which the rollups are not used (a backfill under way): the index walks."""
+
 
 def nearest_rank(n: int, q: float) -> int:
-    """0-based index of the q-quantile by the nearest-rank definition (exact, an observed value)."""
+    """0-based index of the q-quantile by the nearest-rank definition (exact, an observed value); computed as
+    PostgreSQL's ``percentile_disc`` does (``ceil(q * n)`` in double precision)."""
     return max(0, min(n - 1, math.ceil(q * n) - 1))
+
+
+@dataclass(frozen=True, kw_only=True)
+class StatsFilter:
+    """Which requests the stats count; None: no condition. Text with a NUL character is refused."""
+
+    engine: str | None = None
+    model: str | None = None
+    instance: str | None = None
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, str) and NUL in value:
+                raise InvalidFilter(f"{f.name} must not contain a NUL character")
+
+    def items(self) -> list[tuple[str, str]]:
+        return [(f.name, getattr(self, f.name)) for f in fields(self) if getattr(self, f.name) is not None]
+
+
+class _Agg:
+    """One group's exact counts and per-field bucket counts, merged from rollups and raw rows."""
+
+    __slots__ = ("failed", "generation_count", "generation_tokens", "hists", "n", "prompt_count", "prompt_tokens",
+                 "requests")  # fmt: skip
+
+    def __init__(self) -> None:
+        self.requests = self.failed = 0
+        self.prompt_tokens = self.prompt_count = self.generation_tokens = self.generation_count = 0
+        self.n = [0] * len(STAT_FIELDS)
+        self.hists = [sketch.Histogram() for _ in STAT_FIELDS]
+
+
+def _ceil(t: datetime, unit: timedelta) -> datetime:
+    epoch = datetime(1970, 1, 1, tzinfo=UTC)
+    steps = -((epoch - t) // unit)
+    return epoch + steps * unit
+
+
+def _floor(t: datetime, unit: timedelta) -> datetime:
+    epoch = datetime(1970, 1, 1, tzinfo=UTC)
+    return epoch + ((t - epoch) // unit) * unit
+
+
+def _aware(t: datetime) -> datetime:
+    return t if t.tzinfo else t.replace(tzinfo=UTC)
+
+
+MINUTE: Final = timedelta(minutes=1)
+HOUR: Final = timedelta(hours=1)
+
+
+@dataclass
+class _Window:
+    start: datetime
+    end: datetime | None
+    newest: int
+    """the largest row id at the start (SQLite: every raw read is bounded by it, one consistent set of rows)."""
+    bounded: bool
+
+    def conds(self, filters: StatsFilter) -> list[ColumnElement[bool]]:
+        t = REQUEST_TABLE
+        out: list[ColumnElement[bool]] = [t.c.end_time >= self.start]
+        if self.end is not None:
+            out.append(t.c.end_time < self.end)
+        if self.bounded:
+            out.append(t.c.id <= self.newest)
+        out.extend(t.c[name] == value for name, value in filters.items())
+        return out
+
+
+class _Inconsistent(RuntimeError):
+    """The rollups and the table disagree (a row committed below the watermark after it moved): answer by the
+    index walks instead."""
+
+
+def _rollup_aggs(
+    conn: Connection, w: _Window, filters: StatsFilter, group_by: GroupBy, folded: int
+) -> tuple[dict[Any, _Agg], datetime, datetime | None]:
+    """Per group: the rollups of the window's whole minutes (whole hours where they fit) and the raw rows of its
+    edges and above the watermark; the (minute-aligned) range the rollups answered."""
+    t = REQUEST_TABLE
+    r = ROLLUP_TABLE
+    oldest = conn.execute(select(func.min(t.c.start_time))).scalar_one_or_none()
+    longest = conn.execute(select(func.max(t.c[E2E]))).scalar_one_or_none() or 0.0
+    start = w.start
+    if oldest is not None:
+        # rows deleted by retention started before the oldest stored one; those that ended after it may still
+        # be counted in the rollups: read that stretch raw
+        frontier = _aware(oldest) + timedelta(seconds=float(longest) + 60)
+        start = max(start, frontier)
+    r0 = _ceil(start, MINUTE)
+    r1 = None if w.end is None else max(r0, _floor(w.end, MINUTE))
+    h0 = _ceil(r0, HOUR)
+    h1 = None if r1 is None else _floor(r1, HOUR)
+    periods: list[tuple[int, datetime, datetime | None]] = []
+    if h1 is not None and h1 <= h0:
+        periods.append((60, r0, r1))
+    else:
+        periods += [(60, r0, h0), (3600, h0, h1)]
+        if h1 is not None:
+            periods.append((60, h1, r1))
+    aggs: dict[Any, _Agg] = {}
+    fcond = [r.c[name] == value for name, value in filters.items()]
+    for period, a, b in periods:
+        if b is not None and b <= a:
+            continue
+        conds = [r.c.period_seconds == period, r.c.period_start >= a, *fcond]
+        if b is not None:
+            conds.append(r.c.period_start < b)
+        for row in conn.execute(select(r).where(*conds)).mappings():
+            key = None if group_by == "none" else row[group_by]
+            g = aggs.get(key)
+            if g is None:
+                g = aggs[key] = _Agg()
+            g.requests += row["requests"]
+            g.failed += row["failed"]
+            g.prompt_tokens += row[PROMPT_TOKENS]
+            g.prompt_count += row[f"{PROMPT_TOKENS}_count"]
+            g.generation_tokens += row[GENERATION_TOKENS]
+            g.generation_count += row[f"{GENERATION_TOKENS}_count"]
+            for j, f in enumerate(STAT_FIELDS):
+                g.n[j] += row[f"{f}_count"]
+                g.hists[j].add_encoded(row[f"{f}_sketch"])
+    # the raw rows: the edges (below the watermark, outside the rollups' range) and everything above it
+    base = w.conds(filters)
+    edges = [t.c.end_time < r0]
+    if r1 is not None:
+        edges.append(t.c.end_time >= r1)
+    raw = [and_(*base, t.c.id <= folded, or_(*edges)), and_(*base, t.c.id > folded)]
+    group_col = [] if group_by == "none" else [t.c[group_by]]
+    cols = [
+        *group_col,
+        case((rollup.failed_condition(), 1), else_=0),
+        t.c[PROMPT_TOKENS],
+        t.c[GENERATION_TOKENS],
+        *(t.c[f] for f in STAT_FIELDS),
+    ]
+    for cond in raw:
+        for raw_row in conn.execute(select(*cols).where(cond)):
+            tup = tuple(raw_row)
+            key = tup[0] if group_col else None
+            failed, pt, gt, *values = tup[1:] if group_col else tup
+            g = aggs.get(key)
+            if g is None:
+                g = aggs[key] = _Agg()
+            g.requests += 1
+            g.failed += failed
+            if pt is not None:
+                g.prompt_tokens += pt
+                g.prompt_count += 1
+            if gt is not None:
+                g.generation_tokens += gt
+                g.generation_count += 1
+            for j, v in enumerate(values):
+                if v is not None:
+                    g.n[j] += 1
+                    g.hists[j].counts[sketch.bucket_of(v)] += 1
+    return {k: g for k, g in aggs.items() if g.requests}, r0, r1
+
+
+def _range(col: Any, bucket: int) -> ColumnElement[bool]:
+    lo, hi = sketch.bucket_range(bucket)
+    conds = []
+    if lo is not None:
+        conds.append(col > lo)
+    if hi is not None:
+        conds.append(col <= hi)
+    return and_(*conds) if conds else col.is_not(None)
+
+
+Target = tuple[Any, int, int, str]
+"""(group, bucket, rank within the bucket, percentile name)."""
+
+
+def _targets(aggs: dict[Any, _Agg]) -> list[list[Target]]:
+    """Per field, where each group's exact percentiles are: their bucket and rank within it."""
+    out: list[list[Target]] = [[] for _ in STAT_FIELDS]
+    for key, g in aggs.items():
+        for j in range(len(STAT_FIELDS)):
+            n = g.n[j]
+            for q in PERCENTILES:
+                if n:
+                    bucket, rank = g.hists[j].locate(nearest_rank(n, q))
+                    out[j].append((key, bucket, rank, f"p{round(q * 100)}"))
+    return out
+
+
+def _pick_by_scan(
+    conn: Connection, w: _Window, filters: StatsFilter, group_by: GroupBy, aggs: dict[Any, _Agg],
+    targets: list[list[Target]],
+) -> dict[tuple[Any, int, str], float]:  # fmt: skip
+    """The values at the targets, from the window's own rows (read by end time) that lie in a target bucket."""
+    t = REQUEST_TABLE
+    wanted: list[dict[tuple[Any, int], list[tuple[int, str]]]] = [{} for _ in STAT_FIELDS]
+    ranges: list[ColumnElement[bool]] = []
+    for j, ts in enumerate(targets):
+        buckets = sorted({b for _, b, _, _ in ts})
+        for key, b, rank, name in ts:
+            wanted[j].setdefault((key, b), []).append((rank, name))
+        col = t.c[STAT_FIELDS[j]]
+        ranges.extend(_range(col, b) for b in buckets)
+    if not ranges:
+        return {}
+    group_col = [] if group_by == "none" else [t.c[group_by]]
+    q = select(*group_col, *(t.c[f] for f in STAT_FIELDS)).where(*w.conds(filters), or_(*ranges))
+    if conn.dialect.name == "sqlite":
+        q = q.with_hint(t, f"INDEXED BY ix_{t.name}_end_time", "sqlite")
+    found: list[dict[tuple[Any, int], list[float]]] = [{k: [] for k in wj} for wj in wanted]
+    bounds = sketch.BOUNDS
+    for row in conn.execute(q):
+        key = row[0] if group_col else None
+        values = row[1:] if group_col else row
+        for j, v in enumerate(values):
+            if v is not None:
+                lst = found[j].get((key, bisect_left(bounds, v)))
+                if lst is not None:
+                    lst.append(v)
+    out: dict[tuple[Any, int, str], float] = {}
+    for j, fj in enumerate(found):
+        for (key, b), vals in fj.items():
+            if len(vals) != aggs[key].hists[j].counts[b]:
+                raise _Inconsistent(
+                    f"{STAT_FIELDS[j]} bucket {b}: {len(vals)} rows, rollups {aggs[key].hists[j].counts[b]}"
+                )
+            vals.sort()
+            for rank, name in wanted[j][(key, b)]:
+                out[(key, j, name)] = float(vals[rank])
+    return out
+
+
+def _pick_by_index(
+    conn: Connection, w: _Window, filters: StatsFilter, group_by: GroupBy, targets: list[list[Target]]
+) -> dict[tuple[Any, int, str], float]:
+    """The values at the targets, each bucket read in order from the field's covering (latency, end time,
+    engine, model, instance) index: a range of the whole table, filtered by the window inside the index."""
+    t = REQUEST_TABLE
+    out: dict[tuple[Any, int, str], float] = {}
+    for j, ts in enumerate(targets):
+        col = t.c[STAT_FIELDS[j]]
+        per_bucket: dict[int, list[tuple[Any, int, str]]] = {}
+        for key, b, rank, name in ts:
+            per_bucket.setdefault(b, []).append((key, rank, name))
+        conds = w.conds(filters)
+        hint = f"INDEXED BY ix_{t.name}_{STAT_FIELDS[j]}_stats"
+        for b, wants in per_bucket.items():
+            where = [_range(col, b), *conds]
+            if group_by == "none":
+                for _, rank, name in wants:
+                    q = select(col).where(*where).order_by(col).limit(1).offset(rank)
+                    if conn.dialect.name == "sqlite":
+                        q = q.with_hint(t, hint, "sqlite")
+                    value = conn.execute(q).scalar_one_or_none()
+                    if value is None:
+                        raise _Inconsistent(f"{STAT_FIELDS[j]} bucket {b}: no row at rank {rank}")
+                    out[(None, j, name)] = float(value)
+                continue
+            g = t.c[group_by]
+            inner = select(
+                g.label("g"), col.label("v"), func.row_number().over(partition_by=g, order_by=col).label("rn")
+            )
+            inner = inner.where(*where)
+            if conn.dialect.name == "sqlite":
+                inner = inner.with_hint(t, hint, "sqlite")
+            sub = inner.subquery()
+            ranks = sorted({rank + 1 for _, rank, _ in wants})
+            rows = conn.execute(select(sub.c.g, sub.c.rn, sub.c.v).where(sub.c.rn.in_(ranks))).all()
+            have = {(row.g, row.rn): float(row.v) for row in rows}
+            for key, rank, name in wants:
+                value = have.get((key, rank + 1))
+                if value is None:
+                    raise _Inconsistent(f"{STAT_FIELDS[j]} bucket {b}: no row at rank {rank} of {key!r}")
+                out[(key, j, name)] = value
+    return out
+
+
+def _goodput_counts(
+    conn: Connection, w: _Window, filters: StatsFilter, group_by: GroupBy, good: ColumnElement[Any]
+) -> dict[Any, int]:
+    t = REQUEST_TABLE
+    group_col = [] if group_by == "none" else [t.c[group_by]]
+    q = select(*group_col, func.sum(good)).where(*w.conds(filters))
+    if group_col:
+        q = q.group_by(*group_col)
+    return {(row[0] if group_col else None): int(row[-1] or 0) for row in conn.execute(q)}
 
 
 def percentiles(*, engine: Engine, field: str, where: ColumnElement[bool], n: int) -> dict[str, float | None]:
     """Exact nearest-rank :data:`PERCENTILES` of one column over the ``n`` non-null values ``where`` keeps,
-    walking its (latency, time, engine, model) index from the nearer end (the high percentiles are a
-    short walk down from the maximum)."""
+    walking its covering (latency, end time, engine, model, instance) index from the nearer end (the fallback
+    while the rollups are far behind)."""
     col = REQUEST_TABLE.c[field]
     fcond = and_(where, col.is_not(None))
     out: dict[str, float | None] = {}
@@ -267,26 +578,50 @@ def percentiles(*, engine: Engine, field: str, where: ColumnElement[bool], n: in
     return out
 
 
-MAX_LISTED_STRADDLERS: Final = 5_000
-"""Up to this many requests that started before a stats window and finished in it are named by id in the
-window's condition; beyond, the database reads each older row's end time."""
-
-
-def finished_since(conn: Connection, since: datetime) -> ColumnElement[bool]:
-    """Requests that finished at or after ``since`` (``end_time >= since``), spelled for the covering
-    (latency, start_time, …) indexes: those that started in the window finished in it (a request ends after
-    it starts: the sources refuse one that does not), and those that started earlier but finished in it
-    (the straddlers, found once here) are named by row id, which every SQLite index holds. Without the
-    straddlers each percentile walk would read the end time of every older row it passes."""
+def _walk(
+    engine: Engine, w: _Window, filters: StatsFilter, group_by: GroupBy, good: ColumnElement[Any]
+) -> list[dict[str, Any]]:
+    """The rollup-free plan: counts by one aggregate over the window, percentiles by index walks per group."""
     t = REQUEST_TABLE
-    started = t.c.start_time >= since
-    found = select(t.c.id).where(t.c.start_time < since, t.c.end_time >= since).limit(MAX_LISTED_STRADDLERS + 1)
-    straddlers = list(conn.execute(found).scalars())
-    if not straddlers:
-        return started
-    if len(straddlers) > MAX_LISTED_STRADDLERS:
-        return or_(started, t.c.end_time >= since)
-    return or_(started, t.c.id.in_(straddlers))
+    group_col: Column[Any] | None = None if group_by == "none" else t.c[group_by]
+    failed = rollup.failed_condition()
+    cols: list[Any] = [
+        func.count().label("requests"),
+        func.sum(case((failed, 1), else_=0)).label("failed"),
+        func.sum(t.c[PROMPT_TOKENS]).label("prompt_tokens"),
+        func.sum(t.c[GENERATION_TOKENS]).label("generation_tokens"),
+        func.sum(good).label("good"),
+        *(func.count(t.c[f]).label(f"n_{f}") for f in STAT_FIELDS),
+    ]
+    base = and_(*w.conds(filters))
+    q = select(*([group_col] if group_col is not None else []), *cols).where(base)
+    if group_col is not None:
+        q = q.group_by(group_col)
+    with engine.connect() as conn:
+        rows = list(conn.execute(q).mappings())
+    out = []
+    for m in rows:
+        key = m[group_col.name] if group_col is not None else None
+        cond = base if group_col is None else and_(base, group_col == key)
+        entry: dict[str, Any] = {
+            "key": key,
+            "requests": int(m["requests"]),
+            "failed": int(m["failed"] or 0),
+            "prompt_tokens": None if m["prompt_tokens"] is None else int(m["prompt_tokens"]),
+            "generation_tokens": None if m["generation_tokens"] is None else int(m["generation_tokens"]),
+            "good": int(m["good"] or 0),
+        }
+        with ThreadPoolExecutor(max_workers=len(STAT_FIELDS)) as pool:
+            futures = [  # each in a copy of this context: the caller's database deadline holds there too
+                pool.submit(
+                    contextvars.copy_context().run, percentiles, engine=engine, field=f, where=cond, n=int(m[f"n_{f}"])
+                )
+                for f in STAT_FIELDS
+            ]
+            for field, future in zip(STAT_FIELDS, futures, strict=True):
+                entry[field] = FieldStats.model_validate({"count": int(m[f"n_{field}"]), **future.result()})
+        out.append(entry)
+    return out
 
 
 @guarded
@@ -297,22 +632,41 @@ def compute_stats(
     group_by: GroupBy = "none",
     slos: dict[str, float] | None = None,
     now: datetime | None = None,
+    filters: StatsFilter | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    mode: StatsMode = "auto",
+    plan: Plan | None = None,
 ) -> Stats:
-    """Exact percentiles (nearest rank over the stored rows), counts and goodput per group, over the
-    requests that finished in the last ``window`` (a slow request belongs to the window it ends in: a
-    window of start times would leave out its slowest requests and bias the high percentiles low).
+    """Percentiles (nearest rank), counts and goodput per group over the requests that finished in the
+    window: ``end_time`` in [``since``, ``until``), ``since`` defaulting to ``window`` before ``until`` (or now),
+    ``until`` to no bound (a slow request belongs to the window it ends in: a window of start times would leave
+    out its slowest requests and bias the high percentiles low).
 
-    ``slos``: column name -> upper limit in seconds. A request is good when it did not fail and each
-    SLO holds (TPOT of single-token outputs counts as 0): vLLM's benchmark definition of goodput.
+    Counts and token sums are always exact. Percentiles are exact up to :data:`EXACT_LIMIT` requests in the
+    window (``mode="auto"``), else sketched (within :data:`sketch.RELATIVE_ACCURACY`, said per field). The plan
+    (``plan`` forces one, for tests and benchmarks): the bucket counts of the rollups (plus the window's edges
+    and the rows not yet rolled up, read raw) locate each exact percentile in one log bucket; its value is then
+    read from the window's rows (``scan``: windows under :data:`SCAN_SHARE` of the table) or from the field's
+    covering index (``index``); ``sketch`` reports the bucket's centre. ``walk``: index walks without the
+    rollups, while they are far behind.
+
+    ``slos``: column name -> upper limit in seconds. A request is good when it did not fail and each SLO holds
+    (TPOT of single-token outputs counts as 0): vLLM's benchmark definition of goodput. Goodput is always
+    exact: with an SLO the window's rows are read once more.
     """
     if not timedelta(0) < window <= MAX_WINDOW:
         raise ValueError(f"window must be positive and at most {MAX_WINDOW.days} days")
     t = REQUEST_TABLE
     slos = slos or {}
+    filters = filters or StatsFilter()
     now = now or datetime.now(UTC)
-    since = now - window
-    group_col: Column[Any] | None = None if group_by == "none" else t.c[group_by]
-    failed = func.coalesce(t.c.finish_reason, "").in_(FAILED) | t.c.error.is_not(None)
+    end = None if until is None else _aware(until)
+    start = _aware(since) if since is not None else (end or now) - window
+    if end is not None and end <= start:
+        raise ValueError("until must be after since")
+    seconds = ((end or now) - start).total_seconds()
+    failed = rollup.failed_condition()
     good_conds: list[ColumnElement[bool]] = [~failed]
     for field, limit in slos.items():
         col = t.c[field]
@@ -321,61 +675,93 @@ def compute_stats(
         else:
             good_conds.append(col <= limit)
     good = case((and_(*good_conds), 1), else_=0)
-    cols: list[Any] = [
-        func.count().label("requests"),
-        func.sum(case((failed, 1), else_=0)).label("failed"),
-        func.sum(t.c[PROMPT_TOKENS]).label("prompt_tokens"),
-        func.sum(t.c[GENERATION_TOKENS]).label("generation_tokens"),
-        func.sum(good).label("good"),
-        *(func.count(t.c[f]).label(f"n_{f}") for f in STAT_FIELDS),
-    ]
-    groups: list[StatsGroup] = []
+    postgres = engine.dialect.name == "postgresql"
+    entries: list[dict[str, Any]] = []
+    chosen: Plan
     with engine.connect() as conn:
-        oldest = conn.execute(select(func.min(t.c.start_time))).scalar_one_or_none()
-        base_cond: ColumnElement[bool]
-        if oldest is not None and (oldest if oldest.tzinfo else oldest.replace(tzinfo=UTC)) >= since:
-            base_cond = true()  # every row started (so ended) in the window: index walks need no time filter
+        if postgres:  # one snapshot: the rollups, their watermark and the table agree
+            conn = conn.execution_options(isolation_level="REPEATABLE READ")
         else:
-            base_cond = finished_since(conn, since)
-        q = select(*([group_col] if group_col is not None else []), *cols).where(base_cond)
-        if group_col is not None:
-            q = q.group_by(group_col).order_by(group_col)
-        for m in conn.execute(q).mappings():
-            key = m[group_col.name] if group_col is not None else None
-            cond = base_cond if group_col is None else and_(base_cond, group_col == key)
-            entry: dict[str, Any] = {
-                "requests": int(m["requests"]),
-                "failed": int(m["failed"] or 0),
-                "prompt_tokens": None if m["prompt_tokens"] is None else int(m["prompt_tokens"]),
-                "generation_tokens": None if m["generation_tokens"] is None else int(m["generation_tokens"]),
+            conn.exec_driver_sql("BEGIN")  # SQLite: one read transaction, one snapshot
+        try:
+            ids = conn.execute(select(func.min(t.c.id), func.max(t.c.id))).one()
+            folded = rollup.watermark(conn)
+            if ids[1] is None:
+                return Stats(window_seconds=seconds, since=start, until=end, group_by=group_by, plan="scan", data=[])
+            w = _Window(start=start, end=end, newest=int(ids[1]), bounded=not postgres)
+            chosen = plan or "scan"
+            if plan == "walk" or (plan is None and int(ids[1]) - folded > TAIL_LIMIT):
+                chosen = "walk"
+            else:
+                aggs, _, _ = _rollup_aggs(conn, w, filters, group_by, folded)
+                n_window = sum(g.requests for g in aggs.values())
+                if plan is None:
+                    if mode == "sketch" or (mode == "auto" and n_window > EXACT_LIMIT):
+                        chosen = "sketch"
+                    else:
+                        share = n_window / max(1, int(ids[1]) - int(ids[0]) + 1)
+                        chosen = "scan" if share < SCAN_SHARE else "index"
+                try:
+                    entries = _from_aggs(conn, w, filters, group_by, aggs, chosen)
+                except _Inconsistent as exc:
+                    log.warning("stats: rollups disagree with the table (%s); answering by index walks", exc)
+                    chosen = "walk"
+                if slos and chosen != "walk":
+                    goods = _goodput_counts(conn, w, filters, group_by, good)
+                    for e in entries:
+                        e["good"] = goods.get(e["key"], 0)
+        finally:
+            conn.rollback()
+    if chosen == "walk":
+        entries = _walk(engine, w, filters, group_by, good)
+    groups: list[StatsGroup] = []
+    for e in sorted(entries, key=lambda e: (e["key"] is None, e["key"] or "")):
+        key, good_n = e.pop("key"), e.pop("good", 0)
+        if group_by != "none":
+            e[group_by] = key
+        if slos:
+            e["goodput"] = {
+                "slos": slos,
+                "good_requests": good_n,
+                "share": good_n / e["requests"] if e["requests"] else None,
+                "rate_per_second": good_n / seconds,
             }
-            if group_col is not None:
-                entry[group_by] = key
-            # one field per thread: the database walks its indexes outside the GIL
-            with ThreadPoolExecutor(max_workers=len(STAT_FIELDS)) as pool:
-                futures = [  # each in a copy of this context: the caller's database deadline holds there too
-                    pool.submit(
-                        contextvars.copy_context().run,
-                        percentiles,
-                        engine=engine,
-                        field=f,
-                        where=cond,
-                        n=int(m[f"n_{f}"]),
-                    )
-                    for f in STAT_FIELDS
-                ]
-                for field, future in zip(STAT_FIELDS, futures, strict=True):
-                    entry[field] = FieldStats.model_validate({"count": int(m[f"n_{field}"]), **future.result()})
-            if slos:
-                good_n = int(m["good"] or 0)
-                entry["goodput"] = {
-                    "slos": slos,
-                    "good_requests": good_n,
-                    "share": good_n / entry["requests"] if entry["requests"] else None,
-                    "rate_per_second": good_n / window.total_seconds(),
-                }
-            groups.append(StatsGroup.model_validate(entry))
-    return Stats(window_seconds=window.total_seconds(), since=since, group_by=group_by, data=groups)
+        groups.append(StatsGroup.model_validate(e))
+    return Stats(window_seconds=seconds, since=start, until=end, group_by=group_by, plan=chosen, data=groups)
+
+
+def _from_aggs(
+    conn: Connection, w: _Window, filters: StatsFilter, group_by: GroupBy, aggs: dict[Any, _Agg], plan: Plan
+) -> list[dict[str, Any]]:
+    targets = _targets(aggs)
+    picked: dict[tuple[Any, int, str], float] = {}
+    if plan == "scan":
+        picked = _pick_by_scan(conn, w, filters, group_by, aggs, targets)
+    elif plan == "index":
+        picked = _pick_by_index(conn, w, filters, group_by, targets)
+    else:
+        for j, ts in enumerate(targets):
+            for key, b, _, name in ts:
+                picked[(key, j, name)] = sketch.estimate(b)
+    exact = plan != "sketch"
+    entries = []
+    for key, g in aggs.items():
+        entry: dict[str, Any] = {
+            "key": key,
+            "requests": g.requests,
+            "failed": g.failed,
+            "prompt_tokens": g.prompt_tokens if g.prompt_count else None,
+            "generation_tokens": g.generation_tokens if g.generation_count else None,
+        }
+        for j, f in enumerate(STAT_FIELDS):
+            values: dict[str, Any] = {"count": g.n[j], "exact": exact,
+                                      "relative_error": 0.0 if exact else sketch.RELATIVE_ACCURACY}  # fmt: skip
+            for q in PERCENTILES:
+                name = f"p{round(q * 100)}"
+                values[name] = picked.get((key, j, name))
+            entry[f] = FieldStats.model_validate(values)
+        entries.append(entry)
+    return entries
 
 
 # --- health ----------------------------------------------------------------------------------------------------------

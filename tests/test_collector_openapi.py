@@ -244,6 +244,8 @@ def test_schemas_follow_the_store() -> None:
     assert set(get_args(store.SortField)) <= set(REQUEST_TABLE.c.keys())
     assert store.STAT_FIELDS == (TTFT, TPOT, E2E, QUEUE)
     assert set(store.STAT_FIELDS) <= set(schemas.StatsGroup.model_fields)
-    assert {f"p{round(q * 100)}" for q in store.PERCENTILES} | {"count"} == set(schemas.FieldStats.model_fields)
+    assert {f"p{round(q * 100)}" for q in store.PERCENTILES} | {"count", "exact", "relative_error"} == set(
+        schemas.FieldStats.model_fields
+    )
     groups = set(get_args(schemas.GroupBy)) - {"none"}
     assert groups <= set(schemas.StatsGroup.model_fields) & set(REQUEST_TABLE.c.keys())

@@ -131,7 +131,7 @@ def test_upgrade_creates_the_table(engine: Engine) -> None:
     assert columns == RECORD_FIELDS | {"id", "received_at"}
     indexed = {tuple(ix["column_names"]) for ix in insp.get_indexes(REQUEST_TABLE.name)}
     assert {("start_time",), ("engine", "model", "start_time"), ("request_id",)} <= indexed
-    assert {(TTFT, "start_time", "engine", "model"), (E2E, "start_time", "engine", "model")} <= indexed
+    assert {("end_time",), *((c, "end_time", "engine", "model", "instance") for c in (TTFT, E2E))} <= indexed
     uniques = [tuple(uc["column_names"]) for uc in insp.get_unique_constraints(REQUEST_TABLE.name)]
     assert uniques == [("trace_id", "span_id")]
 
@@ -165,6 +165,8 @@ def test_models_match_migrations(store: Engine) -> None:
         "incident_events",
         "deliveries",
         "delivery_attempts",
+        "request_rollups",
+        "rollup_state",
     ]
     with store.connect() as conn:
         context = MigrationContext.configure(conn, opts={"compare_type": True, "compare_server_default": True})
@@ -228,7 +230,7 @@ def test_alembic_config_needs_no_ini() -> None:
     cfg = db.alembic_config("sqlite://")
     assert cfg.config_file_name is None
     assert Path(cfg.get_main_option("script_location") or "").joinpath("env.py").is_file()
-    assert db.head_revision() == "0002"
+    assert db.head_revision() == "0003"
 
 
 # --- inserts ---------------------------------------------------------------------------------------------------------

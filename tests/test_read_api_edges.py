@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from inferwatch.collector import db, store
+from inferwatch.collector import db, rollup, store
 from inferwatch.collector.app import create_app
 from inferwatch.collector.config import CollectorSettings
 from inferwatch.collector.record import RequestRecord
@@ -189,20 +189,21 @@ def test_stats_windows_hold_the_requests_that_finished_in_them(client: TestClien
     assert everything[0]["requests"] == 11 and everything[0]["time_to_first_token"]["p99"] == 900.0
 
 
-@pytest.mark.parametrize("listed", [store.MAX_LISTED_STRADDLERS, 0])
-def test_compute_stats_by_end_time_on_the_index_walk(
-    client: TestClient, listed: int, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The store function itself, with a fixed clock, past the "every row is in the window" shortcut; the
-    requests that straddle the window's start named by id, or (too many of them) found by their end time."""
-    monkeypatch.setattr(store, "MAX_LISTED_STRADDLERS", listed)
+@pytest.mark.parametrize("plan", ["scan", "index", "walk", None])
+@pytest.mark.parametrize("rolled_up", [True, False])
+def test_compute_stats_by_end_time_on_every_plan(client: TestClient, plan: store.Plan | None, rolled_up: bool) -> None:
+    """The store function itself, with a fixed clock, on each plan, with the rows in the rollups or not yet:
+    the requests that straddle the window's start count by their end time."""
     engine = client.app.state.collector.engine  # type: ignore[attr-defined]
     t0 = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
     rows = [record(i, start=t0 + timedelta(seconds=i), seconds=1.0, time_to_first_token=float(i)) for i in range(100)]
     rows.append(record(500, start=t0 - timedelta(hours=2), seconds=2 * 3600 + 50, time_to_first_token=1e4))
     insert(client, rows)
+    if rolled_up:
+        rollup.catch_up(engine)
     now = t0 + timedelta(seconds=101)
-    stats = store.compute_stats(engine=engine, window=timedelta(seconds=60), now=now)
+    stats = store.compute_stats(engine=engine, window=timedelta(seconds=60), now=now, plan=plan)
+    assert stats.plan == (plan or "index")  # most of the table is in the window
     (entry,) = stats.data
     # finished at or after now - 60 s = t0 + 41 s: rows 40..99 (each ends 1 s after it starts) and the long one
     assert entry.requests == 61

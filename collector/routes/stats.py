@@ -1,4 +1,4 @@
-"""``/api/v1/stats``: exact percentiles, counts and goodput over a time window."""
+"""``/api/v1/stats``: percentiles (exact, or sketched beyond 5M requests), counts and goodput over a time window."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ from fastapi import APIRouter, Depends, HTTPException, Query
 from inferwatch.collector import store
 from inferwatch.collector.config import parse_duration
 from inferwatch.collector.deps import READ_RESPONSES, CollectorDep, EngineDep, require_read
-from inferwatch.collector.routes.requests import DB_RESPONSES, query
+from inferwatch.collector.routes.requests import DB_RESPONSES, parse_time, query
 from inferwatch.collector.schemas import ErrorBody, GroupBy, Stats
+from inferwatch.collector.store import StatsMode
 from inferwatch.core.schema import E2E, QUEUE, TPOT, TTFT
 
 router = APIRouter(
@@ -23,20 +24,37 @@ Slo = Annotated[float | None, Query(gt=0, allow_inf_nan=False, description="seco
 @router.get(
     "/stats",
     response_model_exclude_unset=True,
-    responses={400: {"model": ErrorBody, "description": "Invalid window"}},
+    responses={400: {"model": ErrorBody, "description": "Invalid window, time range or filter"}},
 )
 async def stats(
     collector: CollectorDep,
     engine: EngineDep,
-    window: Annotated[str, Query(description="e.g. 1h, 30m, 7d (the requests that finished in it)")] = "1h",
+    window: Annotated[
+        str, Query(description="e.g. 1h, 30m, 7d: the requests that finished in it, counted back from `until` or now")
+    ] = "1h",
     group_by: GroupBy = "none",
+    llm_engine: Annotated[str | None, Query(alias="engine", description="only this engine's requests")] = None,
+    model: Annotated[str | None, Query(description="only this model's requests")] = None,
+    instance: Annotated[str | None, Query(description="only this instance's requests")] = None,
+    since: Annotated[
+        str | None, Query(description="ISO 8601: the requests that finished at or after this (instead of `window`)")
+    ] = None,
+    until: Annotated[str | None, Query(description="ISO 8601: only the requests that finished before this")] = None,
+    percentiles: Annotated[
+        StatsMode,
+        Query(
+            description="auto: exact up to 5M requests in the window, sketched (within 1%) beyond; "
+            "exact or sketch: always that"
+        ),
+    ] = "auto",
     slo_ttft: Slo = None,
     slo_tpot: Slo = None,
     slo_e2e: Slo = None,
     slo_queue: Slo = None,
 ) -> Stats:
-    """Exact p50/p90/p95/p99 of TTFT, TPOT, e2e and queue time over the requests that finished in the
-    window, counts, token sums (null when no request reports them), and goodput.
+    """p50/p90/p95/p99 of TTFT, TPOT, e2e and queue time over the requests that finished in the window
+    (nearest rank; each field says whether exact or sketched, and the relative error bound), counts and
+    token sums (exact; null when no request reports them), and goodput.
 
     A request is good when it did not fail and each given SLO holds (TPOT of single-token outputs
     counts as 0): vLLM's benchmark definition of goodput.
@@ -54,6 +72,22 @@ async def stats(
         for field, value in ((TTFT, slo_ttft), (TPOT, slo_tpot), (E2E, slo_e2e), (QUEUE, slo_queue))
         if value is not None
     }
+    start, end = parse_time(since, "since"), parse_time(until, "until")
+    if start is not None and end is not None and end <= start:
+        raise HTTPException(status_code=400, detail="until must be after since")
+    try:
+        filters = store.StatsFilter(engine=llm_engine, model=model, instance=instance)
+    except store.InvalidFilter as exc:
+        raise HTTPException(status_code=400, detail=str(exc)) from None
     return await query(
-        store.compute_stats, collector=collector, engine=engine, window=delta, group_by=group_by, slos=slos
+        store.compute_stats,
+        collector=collector,
+        engine=engine,
+        window=delta,
+        group_by=group_by,
+        slos=slos,
+        filters=filters,
+        since=start,
+        until=end,
+        mode=percentiles,
     )

@@ -100,7 +100,21 @@ class CollectorSettings(BaseSettings):
         description="Idle HTTP keep-alive connections are closed after this (uvicorn timeout_keep_alive).",
     )
     decode_concurrency: int = Field(
-        2, gt=0, le=64, description="OTLP/HTTP bodies decoded and mapped at once, off the event loop; others wait."
+        2,
+        gt=0,
+        le=64,
+        description="OTLP/HTTP bodies decoded and mapped at once, off the event loop, when there are no ingest "
+        "worker processes; others wait.",
+    )
+    ingest_processes: int | None = Field(
+        None,
+        ge=0,
+        le=64,
+        description="Worker processes that decode and map exports (default: one per CPU when there are several; "
+        "0: none, the ingest threads do it).",
+    )
+    ingest_threads: int = Field(
+        16, gt=0, le=256, description="Exports being made durable at once, on the ingest's own threads."
     )
     # --- identity: the model and service of spans that do not name them (vLLM's) -----------------------------
     service_models: dict[str, str] = Field(

@@ -23,13 +23,12 @@ import contextvars
 import functools
 import logging
 import math
-import re
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, cast
 
 from alembic import command
 from alembic.config import Config
@@ -39,9 +38,7 @@ from alembic.util.exc import CommandError
 from sqlalchemy import (
     URL,
     Connection,
-    Dialect,
     Engine,
-    Executable,
     create_engine,
     delete,
     event,
@@ -50,13 +47,14 @@ from sqlalchemy import (
     select,
     text,
 )
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError, DisconnectionError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from sqlalchemy.pool import StaticPool
 
 from inferwatch.collector.models import REQUEST_TABLE
 from inferwatch.collector.record import RequestRecord
+from inferwatch.collector.rows import ROW_COLUMNS, Row, prepare, sqlite_time
+from inferwatch.collector.rows import refusal as refusal
 from inferwatch.core import resources
 
 log = logging.getLogger("inferwatch.collector")
@@ -166,6 +164,8 @@ def default_url(data_dir: Path) -> str:
 
 _STATEMENT_END: Final = "inferwatch_statement_end"
 """Key of the running statement's deadline in a SQLite connection's ``info``."""
+_STATEMENT_LIMIT: Final = "inferwatch_statement_limit"
+"""Key of the statement timeout in a SQLite connection's ``info`` (for statements run on the raw connection)."""
 
 
 def _sqlite_setup(timeouts: DbTimeouts) -> tuple[Any, Any, Any]:
@@ -183,6 +183,7 @@ def _sqlite_setup(timeouts: DbTimeouts) -> tuple[Any, Any, Any]:
         finally:
             cursor.close()
         info = record.info
+        info[_STATEMENT_LIMIT] = timeouts.statement
 
         def progress() -> int:
             end = info.get(_STATEMENT_END)
@@ -455,142 +456,137 @@ def ensure_schema(engine: Engine) -> None:
 # --- writes ----------------------------------------------------------------------------------------------------------
 
 _CONFLICT_COLUMNS: Final = ("trace_id", "span_id")
+_COLUMNS_SQL: Final = ", ".join(ROW_COLUMNS)
+_TABLE: Final = REQUEST_TABLE.name
+_STAGING: Final = "inferwatch_ingest_staging"
+"""PostgreSQL: the session's temporary table a batch is COPY'd into (emptied at every commit)."""
+_STAGING_READY: Final = "inferwatch_staging_ready"
+"""Key in a PostgreSQL connection's ``info``: its staging table exists (the info is cleared on reconnect)."""
+_SQLITE_INSERT: Final = (
+    f"INSERT INTO {_TABLE} ({_COLUMNS_SQL}, received_at) VALUES ({', '.join('?' * (len(ROW_COLUMNS) + 1))}) "
+    f"ON CONFLICT ({', '.join(_CONFLICT_COLUMNS)}) DO NOTHING"
+)
+_PG_STAGING: Final = (
+    f"CREATE TEMPORARY TABLE IF NOT EXISTS {_STAGING} ON COMMIT DELETE ROWS AS "
+    f"SELECT {_COLUMNS_SQL} FROM {_TABLE} WITH NO DATA"
+)
+_PG_COPY: Final = f"COPY pg_temp.{_STAGING} ({_COLUMNS_SQL}) FROM STDIN"
+_PG_INSERT: Final = (
+    f"INSERT INTO {_TABLE} ({_COLUMNS_SQL}, received_at) SELECT {_COLUMNS_SQL}, %s FROM pg_temp.{_STAGING} "
+    f"ON CONFLICT ({', '.join(_CONFLICT_COLUMNS)}) DO NOTHING"
+)
 
 
-@functools.cache
-def _insert_statement(dialect: str) -> Executable:
-    """INSERT … ON CONFLICT (trace_id, span_id) DO NOTHING for the dialect (built once per dialect)."""
-    statement: sqlite.Insert | postgresql.Insert
+def _driver_error(conn: Connection, statement: str, exc: Exception, cursor: Any) -> DBAPIError:
+    """A driver's exception as SQLAlchemy's (``OperationalError``…, as ``conn.execute`` would raise it), the
+    connection invalidated when the driver says it is gone."""
+    dialect = conn.dialect
+    dbapi_connection = conn.connection.dbapi_connection
+    gone = dialect.is_disconnect(exc, dbapi_connection, cursor)  # type: ignore[arg-type]  # a driver Error
+    if gone:
+        conn.invalidate(exc)
+    error = DBAPIError.instance(
+        statement,
+        None,
+        exc,
+        dialect.loaded_dbapi.Error,
+        hide_parameters=True,
+        connection_invalidated=gone,
+        dialect=dialect,
+    )
+    return cast(DBAPIError, error)
+
+
+def _sqlite_insert(conn: Connection, rows: Sequence[Row], received: datetime) -> int:
+    """``executemany`` of the rows (tuples, values as the driver binds them) on the raw sqlite3 connection,
+    under the statement deadline the engine's other statements get."""
+    at = sqlite_time(received)
+    params = [(*row, at) for row in rows]
+    cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+    info = conn.info
+    limit = info.get(_STATEMENT_LIMIT)
+    if limit is not None:
+        info[_STATEMENT_END] = time.monotonic() + _bound(limit)
+    try:
+        cursor.executemany(_SQLITE_INSERT, params)
+        return int(cursor.rowcount)
+    except Exception as exc:
+        if isinstance(exc, conn.dialect.loaded_dbapi.Error):
+            raise _driver_error(conn, _SQLITE_INSERT, exc, cursor) from exc
+        raise
+    finally:
+        info.pop(_STATEMENT_END, None)
+        cursor.close()
+
+
+def _postgres_insert(conn: Connection, rows: Sequence[Row], received: datetime) -> int:
+    """COPY the rows into the session's staging table, then ``INSERT … SELECT … ON CONFLICT DO NOTHING``
+    (psycopg 3's ``cursor.copy``; every round trip under the connection's client-side deadline)."""
+    cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+    statement = _PG_STAGING
+    try:
+        if not conn.info.get(_STAGING_READY):
+            cursor.execute(_PG_STAGING)
+            conn.info[_STAGING_READY] = True
+        statement = _PG_COPY
+        with cursor.copy(_PG_COPY) as copy:
+            write = copy.write_row
+            for row in rows:
+                write(row)
+        statement = _PG_INSERT
+        cursor.execute(_PG_INSERT, (received,))
+        return int(cursor.rowcount)
+    except Exception as exc:
+        conn.info.pop(_STAGING_READY, None)
+        if isinstance(exc, conn.dialect.loaded_dbapi.Error):
+            raise _driver_error(conn, statement, exc, cursor) from exc
+        raise
+    finally:
+        cursor.close()
+
+
+def insert_rows(engine: Engine, rows: Sequence[Row]) -> tuple[int, int]:
+    """Store prepared rows (:func:`inferwatch.collector.rows.prepare` for this engine's dialect), skipping those
+    already stored (same trace and span id): (inserted, duplicates).
+
+    One transaction, through the driver's fast path: ``executemany`` of tuples on SQLite, ``COPY`` into a
+    temporary table and ``INSERT … SELECT … ON CONFLICT DO NOTHING`` on PostgreSQL. Duplicates inside the
+    batch count as duplicates too. Errors are SQLAlchemy's, as from ``conn.execute``.
+    """
+    if not rows:
+        return 0, 0
+    dialect = engine.dialect.name
+    received = datetime.now(UTC)
     if dialect == "sqlite":
-        statement = sqlite.insert(REQUEST_TABLE).on_conflict_do_nothing(index_elements=list(_CONFLICT_COLUMNS))
-    elif dialect == "postgresql":
-        statement = postgresql.insert(REQUEST_TABLE).on_conflict_do_nothing(index_elements=list(_CONFLICT_COLUMNS))
+        with engine.begin() as conn:
+            inserted = _sqlite_insert(conn, rows, received)
+    elif dialect == "postgresql" and engine.dialect.driver == "psycopg":
+        info: dict[Any, Any] = {}
+        try:
+            with engine.begin() as conn:
+                info = conn.info
+                inserted = _postgres_insert(conn, rows, received)
+        except BaseException:
+            info.pop(_STAGING_READY, None)  # a rolled-back transaction took the staging table with it
+            raise
     else:
-        raise ValueError(f"the request store supports SQLite and PostgreSQL, not {dialect}")
-    # executemany: both drivers sum the rows each parameter set inserted (0 on conflict).
-    return statement.execution_options(preserve_rowcount=True)
-
-
-@dataclass(frozen=True)
-class _RawInsert:
-    """The insert compiled once for a dialect, with each column's bind processor (None: the value as is)."""
-
-    sql: str
-    names: tuple[str, ...]
-    processors: tuple[Callable[[Any], Any] | None, ...]
-    positional: bool
-
-
-@functools.lru_cache(maxsize=64)
-def _raw_insert(dialect: Dialect) -> _RawInsert:
-    keys = [c.key for c in REQUEST_TABLE.c if c.key != "id"]
-    compiled = _insert_statement(dialect.name).compile(dialect=dialect, column_keys=keys)  # type: ignore[attr-defined]
-    names = tuple(compiled.positiontup) if dialect.positional else tuple(keys)
-    processors = tuple(REQUEST_TABLE.c[n].type.dialect_impl(dialect).bind_processor(dialect) for n in names)
-    return _RawInsert(compiled.string, names, processors, dialect.positional)
+        raise ValueError(f"the request store supports SQLite and PostgreSQL (psycopg), not {engine.dialect.name}")
+    if inserted < 0:
+        raise RuntimeError(f"the {dialect} driver did not report how many rows it inserted")
+    return inserted, len(rows) - inserted
 
 
 def insert_records(engine: Engine, records: Sequence[RequestRecord]) -> tuple[int, int]:
     """Store records, skipping those already stored (same trace and span id): (inserted, duplicates).
 
-    One transaction, one executemany of ``INSERT … ON CONFLICT DO NOTHING``; duplicates inside the
-    batch count as duplicates too. Column names are the record's field names, so a record's
-    ``__dict__`` is its row. The statement is compiled once per dialect and the rows bound with the
-    columns' own bind processors (the stored values are exactly what ``conn.execute(insert, rows)``
-    would store) but without SQLAlchemy's per-row parameter machinery: the ingest path's hot loop.
+    :func:`insert_rows` of the records' rows (the stored values are exactly what ``conn.execute(insert,
+    rows)`` would store).
     """
-    if not records:
-        return 0, 0
-    raw = _raw_insert(engine.dialect)
-    received = datetime.now(UTC)
-    plan = [(name, proc) for name, proc in zip(raw.names, raw.processors, strict=True) if name != "received_at"]
-    at = raw.names.index("received_at")
-    received_proc = raw.processors[at]
-    received_value = received_proc(received) if received_proc is not None else received
-    rows: list[Any] = []
-    for record in records:
-        values = vars(record)
-        row = [proc(values[name]) if proc is not None else values[name] for name, proc in plan]
-        row.insert(at, received_value)
-        rows.append(tuple(row) if raw.positional else dict(zip(raw.names, row, strict=True)))
-    with engine.begin() as conn:
-        result = conn.execution_options(preserve_rowcount=True).exec_driver_sql(raw.sql, rows)
-        inserted = result.rowcount
-    if inserted < 0:
-        raise RuntimeError(f"the {engine.dialect.name} driver did not report how many rows it inserted")
-    return inserted, len(records) - inserted
+    rows, _ = prepare(records, engine.dialect.name)
+    return insert_rows(engine, rows)
 
 
-# --- what the database refuses -----------------------------------------------------------------------------------
-
-INT64: Final = (-(2**63), 2**63 - 1)
-INT32: Final = (-(2**31), 2**31 - 1)
-_BIGINT_FIELDS: Final = ("prompt_tokens", "generation_tokens", "prefix_cache_hit_tokens", "max_tokens")
-_TEXT_FIELDS: Final = (
-    "trace_id",
-    "span_id",
-    "request_id",
-    "engine",
-    "model",
-    "instance",
-    "service",
-    "finish_reason",
-    "error",
-    "lora_adapter",
-)
-_PG_BAD_TEXT: Final = re.compile("[\x00\ud800-\udfff]")
-"""PostgreSQL text and JSON hold neither NUL nor a lone surrogate."""
-_SURROGATE: Final = re.compile("[\ud800-\udfff]")
-"""No driver can encode a lone surrogate as UTF-8 (JSON text escapes it, which SQLite keeps)."""
-
-
-def _json_refusal(value: Any, depth: int = 0) -> str | None:
-    """Why PostgreSQL's jsonb refuses ``value`` (NUL or a lone surrogate, a non-finite number), else None."""
-    if isinstance(value, str):
-        return "a NUL character or lone surrogate in an attribute" if _PG_BAD_TEXT.search(value) else None
-    if isinstance(value, float):
-        return None if math.isfinite(value) else "a non-finite number in an attribute"
-    if depth > 64:
-        return "attributes nested too deep"
-    if isinstance(value, dict):
-        for k, v in value.items():
-            reason = _json_refusal(k, depth + 1) or _json_refusal(v, depth + 1)
-            if reason:
-                return reason
-    elif isinstance(value, list):
-        for v in value:
-            reason = _json_refusal(v, depth + 1)
-            if reason:
-                return reason
-    return None
-
-
-def refusal(record: RequestRecord, dialect: str) -> str | None:
-    """Why the database (``sqlite`` or ``postgresql``) would refuse ``record``, or None.
-
-    The column limits, checked before a record is accepted so that a client is told (a
-    ``partial_success``) instead of the record being refused after the answer: integers within their
-    columns (BIGINT; ``n`` INTEGER, 32-bit on PostgreSQL), no lone surrogate in text, and on PostgreSQL
-    no NUL character in text or attributes and no NaN/Infinity among the attributes.
-    """
-    for name in _BIGINT_FIELDS:
-        value = getattr(record, name)
-        if value is not None and not INT64[0] <= value <= INT64[1]:
-            return f"{name} out of range for the database"
-    limits = INT32 if dialect == "postgresql" else INT64
-    if record.n is not None and not limits[0] <= record.n <= limits[1]:
-        return "n out of range for the database"
-    postgres = dialect == "postgresql"
-    for name in _TEXT_FIELDS:
-        value = getattr(record, name)
-        if value is None or (value.isascii() and not postgres):
-            continue
-        if (_PG_BAD_TEXT if postgres else _SURROGATE).search(value):
-            return f"{name} has a character the database cannot store (NUL or a lone surrogate)"
-    if dialect == "postgresql" and record.attributes:
-        return _json_refusal(record.attributes)
-    return None
-
+# --- retention -------------------------------------------------------------------------------------------------------
 
 DELETE_CHUNK: Final = 10_000
 """Rows one retention statement deletes at most: each statement stays short (well within the statement

@@ -22,14 +22,12 @@ import grpc
 from google.protobuf import any_pb2, duration_pb2
 from google.rpc import error_details_pb2, status_pb2
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-    ExportTraceServiceRequest,
     ExportTraceServiceResponse,
 )
 
 from inferwatch.collector.config import CollectorSettings
 from inferwatch.collector.ingest import Ingestor
-from inferwatch.collector.otlp import OtlpError, bearer_token, decode_protobuf, token_matches
-from inferwatch.collector.sources import Identity, apply_identity
+from inferwatch.collector.otlp import PROTOBUF, bearer_token, token_matches
 from inferwatch.core.config import parse_listen
 
 log = logging.getLogger(__name__)
@@ -58,7 +56,6 @@ class TraceService:
     def __init__(self, settings: CollectorSettings, ingestor: Ingestor) -> None:
         self.settings = settings
         self.ingestor = ingestor
-        self.identity = Identity(settings.service_models, settings.model_from, settings.service_from)
 
     def _authorised(self, context: grpc.ServicerContext) -> bool:
         tokens = self.settings.ingest_tokens
@@ -74,13 +71,12 @@ class TraceService:
         if not self._authorised(context):
             self.ingestor.metrics.rejected.labels(reason="grpc_unauthenticated").inc()
             context.abort(grpc.StatusCode.UNAUTHENTICATED, "a bearer token with the ingest scope is required")
-        try:
-            request: ExportTraceServiceRequest = decode_protobuf(raw)
-        except OtlpError as exc:
+        # decoded and mapped in an ingest worker process; this thread waits for it, then for durability
+        prepared = self.ingestor.prepare(raw, PROTOBUF, None).result()
+        if prepared.error is not None:
             self.ingestor.metrics.rejected.labels(reason="grpc_invalid_argument").inc()
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, exc.message)
-        apply_identity(request, self.identity)
-        result = self.ingestor.ingest(request)
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, prepared.error[1])
+        result = self.ingestor.commit(prepared)
         if result.backpressure:
             # the database is the cause (UNAVAILABLE), or the queue (RESOURCE_EXHAUSTED)
             code = grpc.StatusCode.UNAVAILABLE if result.unavailable else grpc.StatusCode.RESOURCE_EXHAUSTED

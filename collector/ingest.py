@@ -1,16 +1,34 @@
-"""The ingest path shared by OTLP/HTTP and OTLP/gRPC: map spans to requests, make them durable, count.
+"""The ingest path shared by OTLP/HTTP and OTLP/gRPC: decode and map spans (in worker processes), make them
+durable (in this process), count.
 
-:meth:`Ingestor.ingest` answers only once every mapped record is durable (committed to the database or
-fsync'd to the spool, see :mod:`inferwatch.collector.writer`) or counted as rejected: a success never
-stands for a record that is still only in memory. Each span is either accepted, skipped (not an LLM
-request), rejected with a reason (``partial_success``, and ``inferwatch_collector_spans_rejected_total``
-by reason), or the whole export is refused with back-pressure (429/503 and RESOURCE_EXHAUSTED/UNAVAILABLE:
-the client sends it again; records already written meanwhile are deduplicated).
+Two stages per export:
+
+1. **Prepare** (CPU): decode the body, map spans to records, reject what the database would refuse, make
+   each record's driver row and spool line (:func:`inferwatch.collector.prepare.prepare_body`). This runs in
+   a pool of ``processes`` worker processes, so ingest uses more than the one core the GIL allows a
+   process; with ``processes=0`` (or should the pool break) in this process's ingest threads.
+2. **Commit** (I/O): :meth:`Ingestor.commit` offers the prepared batch to the writer, which appends it to
+   the spool and fsyncs before returning (:mod:`inferwatch.collector.writer`), and answers. It runs in the
+   ingestor's own bounded thread pool (``threads``), never on asyncio's shared default pool: a slow disk or
+   database holding every ingest thread cannot starve ``/readyz`` or the read API.
+
+:meth:`Ingestor.commit` answers only once every mapped record is durable (committed to the database or
+fsync'd to the spool) or counted as rejected: a success never stands for a record that is still only in
+memory, and a worker process only ever computes (it writes nothing), so neither its crash nor the pool's
+loses an acknowledged span. Each span is either accepted, skipped (not an LLM request), rejected with a
+reason (``partial_success``, and ``inferwatch_collector_spans_rejected_total`` by reason), or the whole
+export is refused with back-pressure (429/503 and RESOURCE_EXHAUSTED/UNAVAILABLE: the client sends it
+again; records already written meanwhile are deduplicated, inserts being idempotent on (trace_id, span_id)).
 """
 
 from __future__ import annotations
 
+import logging
+import multiprocessing
+import threading
 from collections.abc import Callable
+from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Final
 
@@ -18,18 +36,26 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from prometheus_client import CollectorRegistry, Gauge
 from prometheus_client import Counter as MetricCounter
 
-from inferwatch.collector.db import refusal
-from inferwatch.collector.sources import MappedBatch, map_export
+from inferwatch.collector.otlp import DEFAULT_MAX_BODY
+from inferwatch.collector.prepare import PreparedExport, prepare_body, prepare_export, warm_up
+from inferwatch.collector.sources import Identity, MappedBatch, map_export
 from inferwatch.collector.writer import Writer
 from inferwatch.core import vocabulary as V
 
+log = logging.getLogger("inferwatch.collector")
+
 DEFAULT_TIMEOUT_S: Final = 8.0
 """How long an export waits for its records to be durable (below the OTLP exporters' 10 s default)."""
+DEFAULT_THREADS: Final = 16
+"""Exports being committed at once (each waits for the spool's fsync, or in the fallback for the database)."""
 REFUSALS: Final = {
     "queue_full": "write queue full, retry later",
     "spool_full": "database unreachable and the spool full, retry later",
     "stopping": "collector shutting down, retry later",
 }
+START_METHOD: Final = "forkserver"
+"""Worker processes are forked from a clean server process (never from this one, whose threads a fork would
+copy mid-state), with the mapping code preloaded: a pool starts in milliseconds."""
 
 
 @dataclass
@@ -65,7 +91,13 @@ class CollectorMetrics:
 
 
 class Ingestor:
-    """``timeout``: the longest an export waits for durability; ``mapper``: spans -> records (a seam for tests)."""
+    """Prepares exports (worker processes) and commits them (its own threads); see the module doc.
+
+    ``timeout``: the longest an export waits for durability; ``mapper``: spans -> records (a seam for tests;
+    a custom mapper runs in this process); ``processes``: worker processes preparing exports (0: none, the
+    ingest threads do it); ``threads``: exports committed at once; ``identity``: how models and services are
+    named; ``max_body_bytes``: the decompressed size limit of a body.
+    """
 
     def __init__(
         self,
@@ -74,28 +106,109 @@ class Ingestor:
         *,
         timeout: float = DEFAULT_TIMEOUT_S,
         mapper: Callable[[ExportTraceServiceRequest], MappedBatch] = map_export,
+        processes: int = 0,
+        threads: int = DEFAULT_THREADS,
+        identity: Identity | None = None,
+        max_body_bytes: int = DEFAULT_MAX_BODY,
     ) -> None:
+        if processes < 0 or threads < 1:
+            raise ValueError("processes must be >= 0 and threads >= 1")
         self.writer = writer
         self.metrics = metrics
         self.timeout = timeout
+        self.processes = processes if mapper is map_export else 0
+        self.identity = identity or Identity()
+        self.max_body_bytes = max_body_bytes
         self._map = mapper
         self._counted_reasons: dict[str, int] = {}
+        self._lock = threading.Lock()
+        self._threads = threads
+        self._executor: ThreadPoolExecutor | None = None
+        self._pool: ProcessPoolExecutor | None = None
+        self._closed = False
+
+    # --- pools ---
+
+    @property
+    def executor(self) -> ThreadPoolExecutor:
+        """The ingest threads (made on first use): commits, and preparation without worker processes."""
+        with self._lock:
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(self._threads, thread_name_prefix="inferwatch-ingest")
+            return self._executor
+
+    def _process_pool(self) -> ProcessPoolExecutor | None:
+        with self._lock:
+            if self._pool is None and self.processes and not self._closed:
+                context = multiprocessing.get_context(START_METHOD)
+                context.set_forkserver_preload(["inferwatch.collector.prepare"])
+                self._pool = ProcessPoolExecutor(self.processes, mp_context=context)
+                for _ in range(self.processes):
+                    self._pool.submit(warm_up)
+            return self._pool
+
+    def start(self) -> None:
+        """Start the worker processes now rather than with the first export (they start in the background)."""
+        self._process_pool()
+
+    def close(self) -> None:
+        """Stop the worker processes and the ingest threads (exports in progress finish first)."""
+        with self._lock:
+            self._closed = True
+            pool, self._pool = self._pool, None
+            executor, self._executor = self._executor, None
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+        if executor is not None:
+            executor.shutdown(wait=True)
+
+    def _broken(self, pool: ProcessPoolExecutor) -> None:
+        """A worker process died (killed, out of memory): the next export starts a new pool."""
+        with self._lock:
+            if self._pool is pool:
+                self._pool = None
+        log.error("an ingest worker process died; starting new ones (this export is prepared in-process)")
+        pool.shutdown(wait=False, cancel_futures=True)
+
+    # --- the two stages ---
+
+    def prepare(self, body: bytes, content_type: str | None, encoding: str | None) -> Future[PreparedExport]:
+        """Stage 1 of an OTLP body, in a worker process (or an ingest thread); never blocks."""
+        args = (body, content_type, encoding, self.max_body_bytes, self.identity, self.writer.dialect)
+        pool = self._process_pool()
+        if pool is None:
+            return self.executor.submit(prepare_body, *args)
+        outer: Future[PreparedExport] = Future()
+
+        def done(inner: Future[PreparedExport]) -> None:
+            try:
+                outer.set_result(inner.result())
+            except BrokenProcessPool:
+                self._broken(pool)
+                retry = self.executor.submit(prepare_body, *args)
+                retry.add_done_callback(lambda f: _chain(f, outer))
+            except BaseException as exc:
+                outer.set_exception(exc)
+
+        try:
+            pool.submit(prepare_body, *args).add_done_callback(done)
+        except (BrokenProcessPool, RuntimeError):  # broken, or shut down meanwhile
+            self._broken(pool)
+            return self.executor.submit(prepare_body, *args)
+        return outer
 
     def ingest(self, request: ExportTraceServiceRequest) -> IngestResult:
-        """Map, write, wait until durable (blocking: call it from a worker thread)."""
-        total = sum(len(ss.spans) for rs in request.resource_spans for ss in rs.scope_spans)
-        batch = self._map(request)
-        reasons = list(batch.rejected)
-        records = batch.records
-        dialect = self.writer.engine.dialect.name
-        refused = [(r, refusal(r, dialect)) for r in records]
-        if any(reason for _, reason in refused):  # told now, rather than refused after the answer
-            records = [r for r, reason in refused if reason is None]
-            reasons += [reason for _, reason in refused if reason is not None]
+        """Both stages of a decoded export in the calling thread (blocking; the ``mapper`` seam applies)."""
+        return self.commit(prepare_export(request, self.writer.dialect, mapper=self._map))
+
+    def commit(self, prepared: PreparedExport) -> IngestResult:
+        """Stage 2: write ahead, wait until durable, count (blocking: call it from an ingest thread)."""
+        total = prepared.spans
+        reasons = list(prepared.rejected)
         counted_here = list(reasons)  # the writer counts the database's own refusals (see refresh)
         accepted = 0
-        if records:
-            ticket = self.writer.offer(records)
+        if len(prepared.batch):
+            ticket = self.writer.offer_prepared(prepared.batch)
             if ticket.refused is not None:
                 self.metrics.rejected.labels(reason=ticket.refused).inc(total)
                 message = REFUSALS.get(ticket.refused, ticket.refused)
@@ -114,7 +227,7 @@ class Ingestor:
             for reason, n in ticket.rejected.items():
                 reasons += [reason] * n
         self.metrics.received.inc(total)
-        self.metrics.skipped.inc(batch.skipped)
+        self.metrics.skipped.inc(prepared.skipped)
         for reason in counted_here:
             self.metrics.rejected.labels(reason=reason[:80]).inc()
         message = "; ".join(sorted(set(reasons)))[:500]
@@ -138,3 +251,10 @@ class Ingestor:
         m.spooled.set(stats.spooled - stats.replayed if stats.spooled >= stats.replayed else 0)
         m.batch_seconds.set(stats.last_batch_seconds)
         m.db_up.set(1 if w.db_ok else 0)
+
+
+def _chain(source: Future[PreparedExport], target: Future[PreparedExport]) -> None:
+    try:
+        target.set_result(source.result())
+    except BaseException as exc:
+        target.set_exception(exc)

@@ -7,6 +7,7 @@ The HTTP app (:mod:`inferwatch.collector.app`) and the gRPC server
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +22,7 @@ from inferwatch.collector.config import CollectorSettings
 from inferwatch.collector.diagnosis.service import OnCall
 from inferwatch.collector.grpc_server import start_grpc_server
 from inferwatch.collector.ingest import CollectorMetrics, Ingestor
+from inferwatch.collector.sources import Identity
 from inferwatch.collector.writer import Writer
 
 WRITER_STOP_TIMEOUT_S = 10.0
@@ -45,8 +47,10 @@ class Collector:
     grpc_server: Any = None
 
     def start(self, *, grpc: bool = True) -> None:
-        """Start the writer thread and, with ``grpc`` and ``settings.grpc_listen``, the OTLP/gRPC server."""
+        """Start the writer thread, the ingest worker processes and, with ``grpc`` and ``settings.grpc_listen``, the
+        OTLP/gRPC server."""
         self.writer.start()
+        self.ingestor.start()
         if grpc and self.settings.grpc_listen:
             try:
                 self.grpc_server = start_grpc_server(self.settings, self.ingestor)
@@ -55,10 +59,12 @@ class Collector:
                 raise
 
     def stop(self) -> None:
-        """Stop receiving (gRPC), write out what is queued, release the engine if it is ours. Blocking."""
+        """Stop receiving (gRPC), finish the exports in progress, write out what is queued, release the engine if it
+        is ours. Blocking."""
         if self.grpc_server is not None:
             self.grpc_server.stop(grace=GRPC_GRACE_S).wait()
             self.grpc_server = None
+        self.ingestor.close()
         self.writer.stop(max(WRITER_STOP_TIMEOUT_S, self.settings.db_write_timeout_seconds + 2))
         if self.owns_engine:  # a caller's engine stays the caller's
             self.engine.dispose()
@@ -88,12 +94,28 @@ def build(settings: CollectorSettings, engine: Engine | None = None) -> Collecto
         engine,
         writer,
         metrics,
-        Ingestor(writer, metrics, timeout=settings.ingest_timeout_seconds),
+        Ingestor(
+            writer,
+            metrics,
+            timeout=settings.ingest_timeout_seconds,
+            processes=ingest_processes(settings),
+            threads=settings.ingest_threads,
+            identity=Identity(settings.service_models, settings.model_from, settings.service_from),
+            max_body_bytes=settings.max_body_bytes,
+        ),
         on,
         Intaker(engine),
         AlertWorker(engine, on, notify, links),
         owns_engine=owns_engine,
     )
+
+
+def ingest_processes(settings: CollectorSettings) -> int:
+    """The ingest worker processes the settings ask for (by default one per CPU, none on a single CPU)."""
+    if settings.ingest_processes is not None:
+        return settings.ingest_processes
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return cpus if cpus > 1 else 0
 
 
 def db_timeouts(settings: CollectorSettings) -> db.DbTimeouts:

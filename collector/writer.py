@@ -31,8 +31,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
-import json
 import logging
 import os
 import threading
@@ -41,63 +39,28 @@ from collections import Counter, deque
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
 from sqlalchemy import Engine, text
 
-from inferwatch.collector.db import deadline, delete_older_than, describe, insert_records
+from inferwatch.collector.db import deadline, delete_older_than, describe, insert_rows
 from inferwatch.collector.db import is_unreachable as is_unreachable
 from inferwatch.collector.record import RequestRecord
+from inferwatch.collector.rows import DATETIME_FIELDS as DATETIME_FIELDS
+from inferwatch.collector.rows import RECORD_FIELDS as RECORD_FIELDS
+from inferwatch.collector.rows import Prepared
+from inferwatch.collector.rows import record_from_dict as record_from_dict
+from inferwatch.collector.rows import record_from_json as record_from_json
+from inferwatch.collector.rows import record_to_dict as record_to_dict
+from inferwatch.collector.rows import record_to_json as record_to_json
 
 log = logging.getLogger("inferwatch.collector")
 
 InsertFn = Callable[[Engine, Sequence[RequestRecord]], tuple[int, int]]
 DeleteFn = Callable[[Engine, datetime], int]
 
-DATETIME_FIELDS: Final[tuple[str, ...]] = ("start_time", "end_time")
-RECORD_FIELDS: Final[frozenset[str]] = frozenset(f.name for f in dataclasses.fields(RequestRecord))
 MAX_WAIT_S: Final = 1.0
 """upper bound of one idle wait of the writer thread (timers are re-checked at least this often)."""
-
-
-# --- JSON (de)serialisation ------------------------------------------------------------------------------------------
-
-
-def _utc(value: datetime) -> datetime:
-    return value.replace(tzinfo=UTC) if value.tzinfo is None else value
-
-
-def record_to_dict(record: RequestRecord) -> dict[str, Any]:
-    """A JSON-ready dict of the record: datetimes as ISO 8601 strings (naive ones taken as UTC)."""
-    data = dict(vars(record))
-    for name in DATETIME_FIELDS:
-        data[name] = _utc(data[name]).isoformat()
-    return data
-
-
-def record_from_dict(data: dict[str, Any]) -> RequestRecord:
-    """The inverse of :func:`record_to_dict`; keys that are not record fields are ignored."""
-    values = {k: v for k, v in data.items() if k in RECORD_FIELDS}
-    for name in DATETIME_FIELDS:
-        values[name] = _utc(datetime.fromisoformat(values[name]))
-    return RequestRecord(**values)
-
-
-@functools.cache
-def _encoder() -> json.JSONEncoder:
-    return json.JSONEncoder(separators=(",", ":"), default=str, check_circular=False)
-
-
-def record_to_json(record: RequestRecord) -> str:
-    """One line of JSON (ASCII, no newline inside); floats round-trip exactly."""
-    return _encoder().encode(record_to_dict(record))
-
-
-def record_from_json(line: str | bytes) -> RequestRecord:
-    data = json.loads(line)
-    if not isinstance(data, dict):
-        raise ValueError("a spooled record is a JSON object")
-    return record_from_dict(data)
 
 
 # --- spool -----------------------------------------------------------------------------------------------------------
@@ -470,7 +433,7 @@ class _Chunk:
     """One offered batch in the queue: ``mark`` is where it ends in the spool (None: it could not be spooled,
     and its ticket waits for the database)."""
 
-    records: list[RequestRecord]
+    batch: Prepared
     ticket: Ticket
     mark: Mark | None
     settled: bool = False
@@ -494,8 +457,9 @@ SPOOL_MAX_BYTES: Final = 1 << 30
 class Writer:
     """The write-ahead log (the spool) and the thread that applies it to the store (see the module doc).
 
-    ``insert``, ``delete_older``, ``probe`` and ``now`` are seams for tests (defaults:
-    :mod:`inferwatch.collector.db`'s functions, :func:`ping` and the UTC wall clock); ``clock`` is the
+    ``insert``, ``delete_older``, ``probe`` and ``now`` are seams for tests (defaults: the prepared rows
+    inserted with :func:`inferwatch.collector.db.insert_rows`, :func:`inferwatch.collector.db.delete_older_than`,
+    :func:`ping` and the UTC wall clock; an ``insert`` given gets the records back); ``clock`` is the
     monotonic clock of the batching, retry, probe and retention timers. ``flush_interval`` is how long a
     record may wait for more to join its transaction (0: no lingering: whatever is queued goes together).
     """
@@ -517,7 +481,7 @@ class Writer:
         probe_interval: float = 5.0,
         spool_max_bytes: int = SPOOL_MAX_BYTES,
         segment_bytes: int = SEGMENT_BYTES,
-        insert: InsertFn = insert_records,
+        insert: InsertFn | None = None,
         delete_older: DeleteFn = delete_older_than,
         probe: Callable[[Engine], None] = ping,
         now: Callable[[], datetime] = _utcnow,
@@ -527,6 +491,8 @@ class Writer:
         if write_timeout <= 0:
             raise ValueError("write_timeout must be positive")
         self.engine = engine
+        self.dialect = engine.dialect.name
+        """the dialect offered records are prepared for (:meth:`offer_prepared` takes rows of this one)."""
         self.spool = Spool(spool_path, segment_bytes)
         self.rejected_path = spool_path.with_name(spool_path.name + ".rejected")
         self.queue_limit = queue_limit
@@ -568,12 +534,18 @@ class Writer:
     # --- the receivers' side ---
 
     def offer(self, records: Sequence[RequestRecord]) -> Ticket:
+        """:meth:`offer_prepared` of the records' rows and spool lines."""
+        if not records:
+            return Ticket(0)
+        return self.offer_prepared(Prepared.of(records, self.dialect))
+
+    def offer_prepared(self, batch: Prepared) -> Ticket:
         """Accept a batch: write it ahead to the spool (fsync'd, shared with concurrent callers) and queue it for
         the database. The returned :class:`Ticket` is settled (durable) on return, unless the spool could not
         be written: then it waits for the database commit. Refused (``ticket.refused``, nothing written) when
         it would exceed ``queue_limit``, while the database is down and the spool is over ``spool_max_bytes``,
-        or when the writer is stopping (or its thread died)."""
-        n = len(records)
+        or when the writer is stopping (or its thread died). ``batch.rows`` are for :attr:`dialect`."""
+        n = len(batch)
         if not n:
             return Ticket(0)
         reason = self._refusal(n)
@@ -581,11 +553,10 @@ class Writer:
             with self._stats_lock:
                 self.stats.refused += n
             return Ticket(n, refused=reason)
-        lines = [record_to_json(r) for r in records]
         ticket = Ticket(n)
-        chunk = _Chunk(list(records), ticket, None)
+        chunk = _Chunk(batch, ticket, None)
         try:
-            _, seq = self.spool.write(lines, then=lambda mark: self._enqueue(chunk, mark))
+            _, seq = self.spool.write(batch.lines, then=lambda mark: self._enqueue(chunk, mark))
         except (OSError, ValueError) as exc:
             log.error("cannot write the spool %s: %s", self.spool.path, exc)
             if not self.db_ok:
@@ -624,13 +595,13 @@ class Writer:
         if mark is not None and (self._replaying or not self.db_ok):
             if not self.db_ok:
                 with self._stats_lock:
-                    self.stats.spooled += len(chunk.records)
+                    self.stats.spooled += len(chunk.batch)
             return
         with self._cond:
             if not self._queue:
                 self._oldest = self._clock()
             self._queue.append(chunk)
-            self._queued += len(chunk.records)
+            self._queued += len(chunk.batch)
             self._cond.notify_all()
 
     def submit(self, records: Sequence[RequestRecord]) -> bool:
@@ -677,23 +648,23 @@ class Writer:
         hung = self._thread.is_alive()
         with self._cond:
             chunks = [c for c in self._inflight + list(self._queue) if c.mark is None and not c.settled]
-            n_queued = self._queued + sum(len(c.records) for c in self._inflight)
+            n_queued = self._queued + sum(len(c.batch) for c in self._inflight)
             self._queue.clear()
             self._queued = 0
             self._oldest = None
         if chunks:  # accepted without a spool copy: one more try to spool them
-            records = [r for c in chunks for r in c.records]
+            lines = [line for c in chunks for line in c.batch.lines]
             try:
-                self.spool.append(records)
+                self.spool.append_lines(lines)
                 spooled = True
             except (OSError, ValueError) as exc:
-                log.error("cannot spool %d records at shutdown, they are lost: %s", len(records), exc)
+                log.error("cannot spool %d records at shutdown, they are lost: %s", len(lines), exc)
                 spooled = False
             with self._stats_lock:
                 if spooled:
-                    self.stats.spooled += len(records)
+                    self.stats.spooled += len(lines)
                 else:
-                    self.stats.lost += len(records)
+                    self.stats.lost += len(lines)
             self._settle(chunks, {}, failed=not spooled, error=None if spooled else "lost at shutdown")
         if hung:
             log.warning("writer thread did not finish within %.1fs; %d records stay in the spool", timeout, n_queued)
@@ -767,10 +738,10 @@ class Writer:
                     limit = self.batch_size * COALESCE_BATCHES
                     chunks: list[_Chunk] = []
                     taken = 0
-                    while self._queue and (not chunks or taken + len(self._queue[0].records) <= limit):
+                    while self._queue and (not chunks or taken + len(self._queue[0].batch) <= limit):
                         chunk = self._queue.popleft()
                         chunks.append(chunk)
-                        taken += len(chunk.records)
+                        taken += len(chunk.batch)
                     self._queued -= taken
                     if not self._queue:
                         self._oldest = None
@@ -787,13 +758,13 @@ class Writer:
     def _apply(self, chunks: list[_Chunk]) -> None:
         """Insert the batches (one transaction), then commit their spool marks; the database unreachable, they
         stay in the spool for the replay (those without a spool copy are spooled now, or fail)."""
-        records = [r for c in chunks for r in c.records]
+        batch = Prepared.join([c.batch for c in chunks])
         spooled = [c for c in chunks if c.mark is not None]
         unspooled = [c for c in chunks if c.mark is None]
         if self.db_ok:
             rejections: dict[int, str] = {}
             try:
-                self._store(records, replayed=False, rejections=rejections, acknowledged=not unspooled)
+                self._store(batch, replayed=False, rejections=rejections, acknowledged=not unspooled)
             except Exception as exc:  # unreachable (anything else is isolated by _store)
                 self._went_down(exc)
             else:
@@ -801,15 +772,15 @@ class Writer:
                 if marks:
                     self.spool.commit(max(marks))
                     self.spool.finish(sync=False)
-                self._settle(unspooled, rejections)
+                self._settle(chunks, rejections, only=unspooled)
                 return
         # the database is down: the spool keeps what it has, for the replay
         with self._stats_lock:
-            self.stats.spooled += sum(len(c.records) for c in spooled)
+            self.stats.spooled += sum(len(c.batch) for c in spooled)
         if unspooled:
-            lost = [r for c in unspooled for r in c.records]
+            lost = [line for c in unspooled for line in c.batch.lines]
             try:
-                self.spool.append(lost)
+                self.spool.append_lines(lost)
             except (OSError, ValueError) as exc:
                 with self._stats_lock:
                     self.stats.not_durable += len(lost)
@@ -820,43 +791,71 @@ class Writer:
                 self._settle(unspooled, {})
 
     def _settle(
-        self, chunks: list[_Chunk], rejections: Mapping[int, str], *, failed: bool = False, error: str | None = None
+        self,
+        chunks: list[_Chunk],
+        rejections: Mapping[int, str],
+        *,
+        only: list[_Chunk] | None = None,
+        failed: bool = False,
+        error: str | None = None,
     ) -> None:
-        """Tell the tickets of chunks without a spool copy: each record rejected (by reason) or else durable
-        (``failed``: not durable)."""
+        """Tell the tickets of chunks without a spool copy (``only`` of ``chunks``, by default all) what became of
+        each record: rejected (``rejections``: reason by the record's position in ``chunks``' records) or else
+        durable (``failed``: not durable)."""
+        wanted = {id(c) for c in (chunks if only is None else only)}
+        todo: list[tuple[_Chunk, int]] = []
+        offset = 0
         with self._cond:
-            todo = [c for c in chunks if not c.settled]
-            for chunk in todo:
-                chunk.settled = True
-        for chunk in todo:
-            counts = Counter(rejections[id(r)] for r in chunk.records if id(r) in rejections) if rejections else None
-            rest = len(chunk.records) - (sum(counts.values()) if counts else 0)
+            for chunk in chunks:
+                if id(chunk) in wanted and not chunk.settled:
+                    chunk.settled = True
+                    todo.append((chunk, offset))
+                offset += len(chunk.batch)
+        for chunk, start in todo:
+            n = len(chunk.batch)
+            counts = Counter(rejections[i] for i in range(start, start + n) if i in rejections) if rejections else None
+            rest = n - (sum(counts.values()) if counts else 0)
             if failed:
                 chunk.ticket.settle(rejected=counts, failed=rest, error=error)
             else:
                 chunk.ticket.settle(durable=rest, rejected=counts)
 
     def _store(
-        self, records: list[RequestRecord], *, replayed: bool, rejections: dict[int, str], acknowledged: bool = True
+        self,
+        batch: Prepared,
+        *,
+        replayed: bool,
+        rejections: dict[int, str],
+        acknowledged: bool = True,
+        offset: int = 0,
     ) -> None:
-        """Insert within ``write_timeout``; bisect around records the database refuses (noted in ``rejections``);
-        raise when it is unreachable. ``acknowledged``: the clients were already told the records are accepted
-        (the reason of a refusal says so)."""
+        """Insert within ``write_timeout``; bisect around records the database refuses (noted in ``rejections`` by
+        position, ``offset`` being the batch's first); raise when it is unreachable. ``acknowledged``: the clients
+        were already told the records are accepted (the reason of a refusal says so)."""
         started = self._clock()
         try:
             with deadline(self.write_timeout):
-                inserted, duplicates = self._insert(self.engine, records)
+                if self._insert is None:
+                    inserted, duplicates = insert_rows(self.engine, batch.rows)
+                else:
+                    inserted, duplicates = self._insert(self.engine, batch.records())
         except Exception as exc:
             with self._stats_lock:
                 self.stats.write_errors += 1
             if is_unreachable(exc):
                 raise
-            if len(records) == 1:
-                self._reject(records, exc, acknowledged=acknowledged or replayed, rejections=rejections)
+            if len(batch) == 1:
+                self._reject(batch, offset, exc, acknowledged=acknowledged or replayed, rejections=rejections)
                 return
-            half = len(records) // 2
-            self._store(records[:half], replayed=replayed, rejections=rejections, acknowledged=acknowledged)
-            self._store(records[half:], replayed=replayed, rejections=rejections, acknowledged=acknowledged)
+            half = len(batch) // 2
+            for start, stop in ((0, half), (half, len(batch))):
+                self._store(
+                    batch.part(start, stop),
+                    replayed=replayed,
+                    rejections=rejections,
+                    acknowledged=acknowledged,
+                    offset=offset + start,
+                )
             return
         now = self._clock()
         self._next_probe = now + self.probe_interval
@@ -866,7 +865,7 @@ class Writer:
             self.stats.batches += 1
             self.stats.last_batch_seconds = now - started
             if replayed:
-                self.stats.replayed += len(records)
+                self.stats.replayed += len(batch)
 
     def _went_down(self, exc: BaseException) -> None:
         was_ok = self.db_ok
@@ -880,20 +879,21 @@ class Writer:
         self._next_retry = self._clock() + self._backoff
 
     def _reject(
-        self, records: list[RequestRecord], exc: BaseException, *, acknowledged: bool, rejections: dict[int, str]
+        self, batch: Prepared, offset: int, exc: BaseException, *, acknowledged: bool, rejections: dict[int, str]
     ) -> None:
         orig = getattr(exc, "orig", None) or exc
         reason = f"database refused{' after acknowledgement' if acknowledged else ''}: {orig.__class__.__name__}"
-        log.error("database refused %d record(s), keeping them in %s: %s", len(records), self.rejected_path, exc)
+        n = len(batch)
+        log.error("database refused %d record(s), keeping them in %s: %s", n, self.rejected_path, exc)
         try:
-            append_lines(self.rejected_path, [record_to_json(r) for r in records])
+            append_lines(self.rejected_path, batch.lines)
         except (OSError, ValueError) as err:
             log.error("cannot write %s: %s", self.rejected_path, err)
         with self._stats_lock:
-            self.stats.rejected += len(records)
-            self.stats.rejected_reasons[reason] = self.stats.rejected_reasons.get(reason, 0) + len(records)
-        for record in records:
-            rejections[id(record)] = reason
+            self.stats.rejected += n
+            self.stats.rejected_reasons[reason] = self.stats.rejected_reasons.get(reason, 0) + n
+        for i in range(offset, offset + n):
+            rejections[i] = reason
 
     def _check(self) -> None:
         """The idle probe: one round trip within ``write_timeout``."""
@@ -920,7 +920,7 @@ class Writer:
             while True:
                 records, mark = self.spool.read(self.batch_size)
                 if records:
-                    self._store(records, replayed=True, rejections={})
+                    self._store(Prepared.of(records, self.dialect), replayed=True, rejections={})
                     replayed += len(records)
                 self.spool.commit(mark)
                 if not records and self.spool.finish(sync=True, then=self._caught_up):
@@ -944,7 +944,7 @@ class Writer:
         queued batches it covered, and go live (the next writes are queued for the database again)."""
         with self._cond:
             live = [c for c in self._queue if c.mark is None]
-            self._queued = sum(len(c.records) for c in live)
+            self._queued = sum(len(c.batch) for c in live)
             self._queue = deque(live)
             if not self._queue:
                 self._oldest = None

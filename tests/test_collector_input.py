@@ -37,6 +37,7 @@ from inferwatch.collector import otlp
 from inferwatch.collector.app import create_app
 from inferwatch.collector.config import CollectorSettings
 from inferwatch.collector.otlp import JSON, PROTOBUF, OtlpError
+from inferwatch.collector.prepare import PreparedExport
 from inferwatch.collector.sources import map_export
 from tests.conftest import free_port, postgres_schema
 from tests.support.stack import Processes
@@ -240,10 +241,10 @@ def test_token_comparison_is_on_bytes() -> None:
 
 
 def test_an_internal_failure_answers_a_status(client: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
-    def boom(request: ExportTraceServiceRequest) -> Any:
+    def boom(prepared: PreparedExport) -> Any:
         raise RuntimeError("bug")
 
-    monkeypatch.setattr(client.app.state.collector.ingestor, "ingest", boom)  # type: ignore[attr-defined]
+    monkeypatch.setattr(client.app.state.collector.ingestor, "commit", boom)  # type: ignore[attr-defined]
     r = client.post("/v1/traces", content=b"{}", headers={"content-type": JSON})
     assert_status(r, 500, otlp.INTERNAL, JSON)
     r = client.post("/v1/traces", content=b"", headers={"content-type": PROTOBUF})

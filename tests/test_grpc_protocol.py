@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import cast
@@ -24,6 +25,8 @@ from inferwatch.collector import grpc_server
 from inferwatch.collector.app import create_app
 from inferwatch.collector.config import CollectorSettings
 from inferwatch.collector.ingest import CollectorMetrics, Ingestor, IngestResult
+from inferwatch.collector.otlp import PROTOBUF
+from inferwatch.collector.prepare import PreparedExport
 from tests.conftest import ROOT, free_port
 
 CAPTURE = ROOT / "tests" / "fixtures" / "otlp" / "vllm-0.32.0-cpu"
@@ -115,7 +118,12 @@ class ScriptedIngestor:
     metrics: CollectorMetrics = field(default_factory=CollectorMetrics)
     calls: list[float] = field(default_factory=list)
 
-    def ingest(self, request: ExportTraceServiceRequest) -> IngestResult:
+    def prepare(self, body: bytes, content_type: str | None, encoding: str | None) -> Future[PreparedExport]:
+        done: Future[PreparedExport] = Future()
+        done.set_result(PreparedExport(PROTOBUF, spans=1))
+        return done
+
+    def commit(self, prepared: PreparedExport) -> IngestResult:
         self.calls.append(time.monotonic())
         return self.results.pop(0) if self.results else IngestResult(1, 0)
 

@@ -2,10 +2,11 @@
 
 Every answer but 200 is a ``google.rpc.Status`` in the request's encoding (OTLP/HTTP spec), 401 and
 unexpected failures included. The body is read with a deadline (``body_timeout_seconds``: 408) and a
-size limit (``max_body_bytes``: 413); decoding, the identity step and the mapping run in a worker
-thread, at most ``decode_concurrency`` at once, so the event loop (health checks, the read API) keeps
-answering while a large body is decoded. An answer given before the whole body was read closes the
-connection.
+size limit (``max_body_bytes``: 413); decoding, the identity step and the mapping run in the ingest worker
+processes (or, without them, in the ingest threads, at most ``decode_concurrency`` at once), and the wait for
+durability on the ingest's own threads (:mod:`inferwatch.collector.ingest`), so the event loop and the
+default thread pool (health checks, the read API) keep answering while large bodies decode or the disk is
+slow. An answer given before the whole body was read closes the connection.
 """
 
 from __future__ import annotations
@@ -17,23 +18,19 @@ from typing import Any, Final
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from starlette.requests import ClientDisconnect
 
-from inferwatch.collector.config import CollectorSettings
 from inferwatch.collector.deps import Bearer, CollectorDep, token_allowed
 from inferwatch.collector.otlp import (
     GRPC_CODES,
     JSON,
     PROTOBUF,
     OtlpError,
-    decode,
     encode_response,
     encode_status,
     media_type,
 )
 from inferwatch.collector.schemas import OtlpExportResponse, RpcStatus
-from inferwatch.collector.sources import Identity, apply_identity
 
 __all__ = ["GRPC_CODES", "REQUEST", "RESPONSES", "RETRY_AFTER_SECONDS", "otlp_error", "router"]
 
@@ -121,20 +118,9 @@ def otlp_error(
     return Response(encode_status(kind, status, message), status_code=status, media_type=kind, headers=headers)
 
 
-def identity_of(settings: CollectorSettings) -> Identity:
-    return Identity(settings.service_models, settings.model_from, settings.service_from)
-
-
-def _decode(
-    body: bytes, content_type: str | None, encoding: str | None, limit: int, identity: Identity
-) -> tuple[ExportTraceServiceRequest, str]:
-    msg, kind = decode(body, content_type, encoding, limit)
-    apply_identity(msg, identity)
-    return msg, kind
-
-
 def _slots(request: Request, size: int) -> asyncio.Semaphore:
-    """The app's decode slots (made on first use, inside the running loop: nothing at import time)."""
+    """The app's slots of bodies being prepared (made on first use, inside the running loop: nothing at import
+    time)."""
     state = request.app.state
     slots: asyncio.Semaphore | None = getattr(state, "otlp_decode_slots", None)
     if slots is None:
@@ -189,15 +175,19 @@ async def _export(request: Request, collector: CollectorDep, creds: Bearer, cont
         collector.metrics.rejected.labels(reason=f"http_{exc.status}").inc()
         return otlp_error(content_type, exc.status, exc.message, close=True)
     encoding = request.headers.get("content-encoding")
-    try:
-        async with _slots(request, settings.decode_concurrency):
-            msg, kind = await asyncio.to_thread(_decode, body, content_type, encoding, limit, identity_of(settings))
-    except OtlpError as exc:
-        collector.metrics.rejected.labels(reason=f"http_{exc.status}").inc()
-        return otlp_error(content_type, exc.status, exc.message)
+    ingestor = collector.ingestor
+    # with worker processes, twice as many bodies as processes in flight: a worker never waits for the next
+    async with _slots(request, max(settings.decode_concurrency, 2 * ingestor.processes)):
+        prepared = await asyncio.wrap_future(ingestor.prepare(body, content_type, encoding))
     del body
-    result = await asyncio.to_thread(collector.ingestor.ingest, msg)
+    if prepared.error is not None:
+        status, message = prepared.error
+        collector.metrics.rejected.labels(reason=f"http_{status}").inc()
+        return otlp_error(content_type, status, message)
+    # the ingest's own threads: a slow disk or database cannot starve the default pool (/readyz, the read API)
+    result = await asyncio.get_running_loop().run_in_executor(ingestor.executor, ingestor.commit, prepared)
     if result.backpressure:
         status = 503 if result.unavailable else 429  # the database is the cause, or the queue
         return otlp_error(content_type, status, result.message, {"Retry-After": RETRY_AFTER_SECONDS})
+    kind = prepared.kind
     return Response(encode_response(kind, result.rejected, result.message), media_type=kind)

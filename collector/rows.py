@@ -1,0 +1,236 @@
+"""Records as the store's rows and as the spool's lines, made in one pass, and what the database would refuse.
+
+The ingest path's hot loop: every accepted record becomes a driver row (a tuple in :data:`ROW_COLUMNS`
+order, values already in the form the driver takes, so no per-value bind processing happens at insert
+time) and a spool line (:func:`record_to_json`); the attributes are serialised to JSON once and shared
+by both. The row forms:
+
+* SQLite: times as the text SQLAlchemy's ``DateTime`` stores on SQLite (``YYYY-MM-DD HH:MM:SS.ffffff``,
+  UTC), the attributes as JSON text, booleans as the driver binds them (0/1);
+* PostgreSQL: times as aware UTC datetimes (psycopg's COPY writes them with their offset), the
+  attributes as JSON text (the ``jsonb`` column parses it).
+
+Nothing here imports SQLAlchemy or a driver: the module runs in the ingest worker processes too
+(:mod:`inferwatch.collector.prepare`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import math
+import operator
+import re
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from typing import Any, Final
+
+from inferwatch.collector.record import RequestRecord
+
+Row = tuple[Any, ...]
+"""One record as the driver inserts it, in :data:`ROW_COLUMNS` order."""
+
+DATETIME_FIELDS: Final[tuple[str, ...]] = ("start_time", "end_time")
+RECORD_FIELDS: Final[frozenset[str]] = frozenset(f.name for f in dataclasses.fields(RequestRecord))
+_PLAIN: Final[tuple[str, ...]] = tuple(
+    f.name for f in dataclasses.fields(RequestRecord) if f.name not in (*DATETIME_FIELDS, "attributes")
+)
+ROW_COLUMNS: Final[tuple[str, ...]] = (*_PLAIN, *DATETIME_FIELDS, "attributes")
+"""The request table's columns a row fills, in row order (``id`` and ``received_at`` are the insert's)."""
+_plain: Final[Callable[[RequestRecord], tuple[Any, ...]]] = operator.attrgetter(*_PLAIN)
+
+DIALECTS: Final = ("sqlite", "postgresql")
+
+
+# --- JSON (the spool's lines, the attributes column) ---------------------------------------------------------------
+
+
+@functools.cache
+def _encoder() -> json.JSONEncoder:
+    return json.JSONEncoder(separators=(",", ":"), default=str, check_circular=False)
+
+
+def dumps(value: Any) -> str:
+    """Compact JSON (ASCII; floats round-trip exactly), as the spool and the attributes column hold it."""
+    return _encoder().encode(value)
+
+
+def _utc(value: datetime) -> datetime:
+    """Aware UTC (naive datetimes are taken to be UTC already, as the table's ``UTCDateTime`` does)."""
+    if value.tzinfo is None:
+        return value.replace(tzinfo=UTC)
+    if value.tzinfo is UTC:
+        return value
+    return value.astimezone(UTC)
+
+
+def record_to_dict(record: RequestRecord) -> dict[str, Any]:
+    """A JSON-ready dict of the record: datetimes as ISO 8601 strings (naive ones taken as UTC)."""
+    data = dict(vars(record))
+    for name in DATETIME_FIELDS:
+        data[name] = _utc(data[name]).isoformat()
+    return data
+
+
+def record_from_dict(data: dict[str, Any]) -> RequestRecord:
+    """The inverse of :func:`record_to_dict`; keys that are not record fields are ignored."""
+    values = {k: v for k, v in data.items() if k in RECORD_FIELDS}
+    for name in DATETIME_FIELDS:
+        values[name] = _utc(datetime.fromisoformat(values[name]))
+    return RequestRecord(**values)
+
+
+def _line(plain: tuple[Any, ...], start: datetime, end: datetime, attributes_json: str) -> str:
+    """The spool line of a record from its parts (the attributes' JSON spliced in, not encoded again)."""
+    data = dict(zip(_PLAIN, plain, strict=True))
+    data["start_time"] = start.isoformat()
+    data["end_time"] = end.isoformat()
+    head = _encoder().encode(data)
+    return f'{head[:-1]},"attributes":{attributes_json}}}'
+
+
+def record_to_json(record: RequestRecord) -> str:
+    """One line of JSON (ASCII, no newline inside); floats round-trip exactly."""
+    return _line(_plain(record), _utc(record.start_time), _utc(record.end_time), dumps(record.attributes))
+
+
+def record_from_json(line: str | bytes) -> RequestRecord:
+    data = json.loads(line)
+    if not isinstance(data, dict):
+        raise ValueError("a spooled record is a JSON object")
+    return record_from_dict(data)
+
+
+# --- rows ----------------------------------------------------------------------------------------------------------
+
+
+def sqlite_time(value: datetime) -> str:
+    """The text SQLAlchemy's ``DateTime`` stores on SQLite for ``value`` (UTC, naive taken as UTC)."""
+    return _utc(value).replace(tzinfo=None).isoformat(" ", "microseconds")
+
+
+def prepare(records: Sequence[RequestRecord], dialect: str) -> tuple[list[Row], list[str]]:
+    """Each record's driver row for ``dialect`` and its spool line (:func:`record_to_json`), in one pass."""
+    if dialect not in DIALECTS:
+        raise ValueError(f"the request store supports SQLite and PostgreSQL, not {dialect}")
+    rows: list[Row] = []
+    lines: list[str] = []
+    sqlite = dialect == "sqlite"
+    encode = _encoder().encode
+    for record in records:
+        plain = _plain(record)
+        start, end = _utc(record.start_time), _utc(record.end_time)
+        attributes = encode(record.attributes)
+        if sqlite:
+            rows.append(
+                (
+                    *plain,
+                    start.replace(tzinfo=None).isoformat(" ", "microseconds"),
+                    end.replace(tzinfo=None).isoformat(" ", "microseconds"),
+                    attributes,
+                )
+            )
+        else:
+            rows.append((*plain, start, end, attributes))
+        lines.append(_line(plain, start, end, attributes))
+    return rows, lines
+
+
+@dataclasses.dataclass(slots=True)
+class Prepared:
+    """Records ready to be written: each one's driver row (for one dialect) and its spool line, in order."""
+
+    rows: list[Row]
+    lines: list[str]
+
+    @classmethod
+    def of(cls, records: Sequence[RequestRecord], dialect: str) -> Prepared:
+        return cls(*prepare(records, dialect))
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def part(self, start: int, stop: int) -> Prepared:
+        return Prepared(self.rows[start:stop], self.lines[start:stop])
+
+    def records(self) -> list[RequestRecord]:
+        """The records again (read back from their spool lines)."""
+        return [record_from_json(line) for line in self.lines]
+
+    @classmethod
+    def join(cls, parts: Sequence[Prepared]) -> Prepared:
+        if len(parts) == 1:
+            return parts[0]
+        return cls([r for p in parts for r in p.rows], [line for p in parts for line in p.lines])
+
+
+# --- what the database refuses -----------------------------------------------------------------------------------
+
+INT64: Final = (-(2**63), 2**63 - 1)
+INT32: Final = (-(2**31), 2**31 - 1)
+_BIGINT_FIELDS: Final = ("prompt_tokens", "generation_tokens", "prefix_cache_hit_tokens", "max_tokens")
+_TEXT_FIELDS: Final = (
+    "trace_id",
+    "span_id",
+    "request_id",
+    "engine",
+    "model",
+    "instance",
+    "service",
+    "finish_reason",
+    "error",
+    "lora_adapter",
+)
+_PG_BAD_TEXT: Final = re.compile("[\x00\ud800-\udfff]")
+"""PostgreSQL text and JSON hold neither NUL nor a lone surrogate."""
+_SURROGATE: Final = re.compile("[\ud800-\udfff]")
+"""No driver can encode a lone surrogate as UTF-8 (JSON text escapes it, which SQLite keeps)."""
+
+
+def _json_refusal(value: Any, depth: int = 0) -> str | None:
+    """Why PostgreSQL's jsonb refuses ``value`` (NUL or a lone surrogate, a non-finite number), else None."""
+    if isinstance(value, str):
+        return "a NUL character or lone surrogate in an attribute" if _PG_BAD_TEXT.search(value) else None
+    if isinstance(value, float):
+        return None if math.isfinite(value) else "a non-finite number in an attribute"
+    if depth > 64:
+        return "attributes nested too deep"
+    if isinstance(value, dict):
+        for k, v in value.items():
+            reason = _json_refusal(k, depth + 1) or _json_refusal(v, depth + 1)
+            if reason:
+                return reason
+    elif isinstance(value, list):
+        for v in value:
+            reason = _json_refusal(v, depth + 1)
+            if reason:
+                return reason
+    return None
+
+
+def refusal(record: RequestRecord, dialect: str) -> str | None:
+    """Why the database (``sqlite`` or ``postgresql``) would refuse ``record``, or None.
+
+    The column limits, checked before a record is accepted so that a client is told (a
+    ``partial_success``) instead of the record being refused after the answer: integers within their
+    columns (BIGINT; ``n`` INTEGER, 32-bit on PostgreSQL), no lone surrogate in text, and on PostgreSQL
+    no NUL character in text or attributes and no NaN/Infinity among the attributes.
+    """
+    for name in _BIGINT_FIELDS:
+        value = getattr(record, name)
+        if value is not None and not INT64[0] <= value <= INT64[1]:
+            return f"{name} out of range for the database"
+    limits = INT32 if dialect == "postgresql" else INT64
+    if record.n is not None and not limits[0] <= record.n <= limits[1]:
+        return "n out of range for the database"
+    postgres = dialect == "postgresql"
+    for name in _TEXT_FIELDS:
+        value = getattr(record, name)
+        if value is None or (value.isascii() and not postgres):
+            continue
+        if (_PG_BAD_TEXT if postgres else _SURROGATE).search(value):
+            return f"{name} has a character the database cannot store (NUL or a lone surrogate)"
+    if dialect == "postgresql" and record.attributes:
+        return _json_refusal(record.attributes)
+    return None

@@ -74,16 +74,15 @@ def estimate(index: int) -> float:
 
 
 def encode(counts: dict[int, int]) -> bytes:
-    """A sketch (bucket -> count, counts > 0) as bytes: the counts of its bucket range in the narrowest
-    unsigned type that holds them, little-endian."""
+    """A sketch (bucket -> count, counts > 0) as bytes: a header (format, first bucket, number of buckets) and the
+    counts of its bucket range as little-endian uint32 (uint64 if a count needs it)."""
     if not counts:
-        return _HEADER.pack(0, 0, 0)
+        return _HEADER.pack(2, 0, 0)
     lo, hi = min(counts), max(counts)
     dense = [0] * (hi - lo + 1)
     for k, c in counts.items():
         dense[k - lo] = c
-    top = max(dense)
-    code = next(i for i, t in enumerate(_TYPECODES) if top < 1 << (8 * array(t).itemsize))
+    code = 2 if max(dense) < 1 << 32 else 3
     arr = array(_TYPECODES[code], dense)
     if sys.byteorder == "big":  # pragma: no cover - the stored format is little-endian
         arr.byteswap()
@@ -100,19 +99,44 @@ def decode(data: bytes) -> tuple[int, array[int]]:
     return lo, arr
 
 
-class Histogram:
-    """Bucket counts being merged (dense, every bucket): sketches and single values added in."""
+LANE_LIMIT: Final = 1 << 32
+"""Merged through 32-bit lanes of one integer while the counts merged stay below this (no lane can overflow)."""
 
-    __slots__ = ("counts",)
+
+class Histogram:
+    """Bucket counts being merged (dense, every bucket): sketches and single values added in.
+
+    Encoded uint32 sketches are summed as big integers with one 32-bit lane per bucket (one C-level addition per
+    sketch, whatever its size), unpacked into :attr:`counts` when read; the caller keeps the total merged this
+    way below :data:`LANE_LIMIT` (else :meth:`add_encoded` with ``lanes=False``)."""
+
+    __slots__ = ("_big", "_counts")
 
     def __init__(self) -> None:
-        self.counts = [0] * BUCKETS
+        self._counts = [0] * BUCKETS
+        self._big = 0
 
-    def add_encoded(self, data: bytes) -> None:
+    @property
+    def counts(self) -> list[int]:
+        if self._big:
+            lanes = array("I")
+            lanes.frombytes(self._big.to_bytes(4 * BUCKETS, "little"))
+            if sys.byteorder == "big":  # pragma: no cover
+                lanes.byteswap()
+            self._counts = list(map(operator.add, self._counts, lanes))
+            self._big = 0
+        return self._counts
+
+    def add_encoded(self, data: bytes, lanes: bool = True) -> None:
+        code, lo, n = _HEADER.unpack_from(data)
+        if lanes and code == 2 and sys.byteorder == "little":
+            self._big += int.from_bytes(data[_HEADER.size : _HEADER.size + 4 * n], "little") << (32 * lo)
+            return
         lo, arr = decode(data)
         if arr:
             hi = lo + len(arr)
-            self.counts[lo:hi] = map(operator.add, self.counts[lo:hi], arr)
+            c = self.counts
+            c[lo:hi] = map(operator.add, c[lo:hi], arr)
 
     def add_counts(self, counts: dict[int, int]) -> None:
         c = self.counts
@@ -127,11 +151,17 @@ class Histogram:
     def total(self) -> int:
         return sum(self.counts)
 
-    def locate(self, rank: int) -> tuple[int, int]:
-        """(bucket, rank within it) of the 0-based ``rank``-th smallest value counted."""
+    def locate(self, ranks: list[int]) -> list[tuple[int, int]]:
+        """(bucket, rank within it) of each 0-based rank (ascending) among the values counted."""
+        out: list[tuple[int, int]] = []
+        todo = iter(ranks)
+        want = next(todo, None)
         seen = 0
         for i, c in enumerate(self.counts):
-            if c and seen + c > rank:
-                return i, rank - seen
+            while want is not None and c and seen + c > want:
+                out.append((i, want - seen))
+                want = next(todo, None)
+            if want is None:
+                return out
             seen += c
-        raise IndexError(rank)
+        raise IndexError(want)

@@ -24,11 +24,11 @@ from dataclasses import dataclass, fields
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final, Literal, ParamSpec, TypeVar
 
-from sqlalchemy import Column, Connection, Engine, RowMapping, and_, case, func, or_, select, text
+from sqlalchemy import Column, Connection, Engine, RowMapping, and_, case, func, literal, or_, select, text
 from sqlalchemy.sql.elements import ColumnElement
 
 from inferwatch.collector import db, rollup, sketch
-from inferwatch.collector.models import REQUEST_TABLE, ROLLUP_TABLE
+from inferwatch.collector.models import REQUEST_TABLE, ROLLUP_STATE_TABLE, ROLLUP_TABLE
 from inferwatch.collector.schemas import (
     FieldStats,
     GroupBy,
@@ -345,15 +345,42 @@ class _Inconsistent(RuntimeError):
     index walks instead."""
 
 
+@dataclass
+class _State:
+    min_id: int | None
+    max_id: int | None
+    folded: int
+    oldest: datetime | None
+    longest: float
+
+
+def _state(conn: Connection) -> _State:
+    """In one round trip: the table's id range, the rollups' watermark, the oldest start, the longest request."""
+    t = REQUEST_TABLE
+    s = ROLLUP_STATE_TABLE
+    row = conn.execute(
+        select(
+            select(func.min(t.c.id)).scalar_subquery(),
+            select(func.max(t.c.id)).scalar_subquery(),
+            select(s.c.folded_id).where(s.c.name == rollup.STATE_NAME).scalar_subquery(),
+            select(func.min(t.c.start_time)).scalar_subquery(),
+            select(func.max(t.c[E2E])).scalar_subquery(),
+        )
+    ).one()
+    oldest = row[3]
+    if isinstance(oldest, str):  # SQLite: a scalar subquery's value comes back as stored
+        oldest = datetime.fromisoformat(oldest)
+    return _State(row[0], row[1], int(row[2] or 0), None if oldest is None else _aware(oldest), float(row[4] or 0.0))
+
+
 def _rollup_aggs(
-    conn: Connection, w: _Window, filters: StatsFilter, group_by: GroupBy, folded: int
+    conn: Connection, w: _Window, filters: StatsFilter, group_by: GroupBy, st: _State
 ) -> tuple[dict[Any, _Agg], datetime, datetime | None]:
     """Per group: the rollups of the window's whole minutes (whole hours where they fit) and the raw rows of its
     edges and above the watermark; the (minute-aligned) range the rollups answered."""
     t = REQUEST_TABLE
     r = ROLLUP_TABLE
-    oldest = conn.execute(select(func.min(t.c.start_time))).scalar_one_or_none()
-    longest = conn.execute(select(func.max(t.c[E2E]))).scalar_one_or_none() or 0.0
+    folded, oldest, longest = st.folded, st.oldest, st.longest
     start = w.start
     if oldest is not None:
         # rows deleted by retention started before the oldest stored one; those that ended after it may still
@@ -392,7 +419,7 @@ def _rollup_aggs(
             g.generation_count += row[f"{GENERATION_TOKENS}_count"]
             for j, f in enumerate(STAT_FIELDS):
                 g.n[j] += row[f"{f}_count"]
-                g.hists[j].add_encoded(row[f"{f}_sketch"])
+                g.hists[j].add_encoded(row[f"{f}_sketch"], lanes=g.n[j] < sketch.LANE_LIMIT)
     # the raw rows: the edges (below the watermark, outside the rollups' range) and everything above it
     base = w.conds(filters)
     edges = [t.c.end_time < r0]
@@ -447,13 +474,13 @@ Target = tuple[Any, int, int, str]
 def _targets(aggs: dict[Any, _Agg]) -> list[list[Target]]:
     """Per field, where each group's exact percentiles are: their bucket and rank within it."""
     out: list[list[Target]] = [[] for _ in STAT_FIELDS]
+    names = [f"p{round(q * 100)}" for q in PERCENTILES]
     for key, g in aggs.items():
         for j in range(len(STAT_FIELDS)):
             n = g.n[j]
-            for q in PERCENTILES:
-                if n:
-                    bucket, rank = g.hists[j].locate(nearest_rank(n, q))
-                    out[j].append((key, bucket, rank, f"p{round(q * 100)}"))
+            if n:
+                found = g.hists[j].locate([nearest_rank(n, q) for q in PERCENTILES])
+                out[j].extend((key, b, r, name) for (b, r), name in zip(found, names, strict=True))
     return out
 
 
@@ -501,10 +528,17 @@ def _pick_by_scan(
 
 
 def _pick_by_index(
-    conn: Connection, w: _Window, filters: StatsFilter, group_by: GroupBy, targets: list[list[Target]]
+    conn: Connection,
+    w: _Window,
+    filters: StatsFilter,
+    group_by: GroupBy,
+    aggs: dict[Any, _Agg],
+    targets: list[list[Target]],
 ) -> dict[tuple[Any, int, str], float]:
     """The values at the targets, each bucket read in order from the field's covering (latency, end time,
-    engine, model, instance) index: a range of the whole table, filtered by the window inside the index."""
+    engine, model, instance) index: a range of the whole table, filtered by the window inside the index; one
+    statement per bucket, numbering each group's rows there (and counting them: they must be the rollups'
+    count)."""
     t = REQUEST_TABLE
     out: dict[tuple[Any, int, str], float] = {}
     for j, ts in enumerate(targets):
@@ -514,34 +548,25 @@ def _pick_by_index(
             per_bucket.setdefault(b, []).append((key, rank, name))
         conds = w.conds(filters)
         hint = f"INDEXED BY ix_{t.name}_{STAT_FIELDS[j]}_stats"
+        g = None if group_by == "none" else t.c[group_by]
         for b, wants in per_bucket.items():
-            where = [_range(col, b), *conds]
-            if group_by == "none":
-                for _, rank, name in wants:
-                    q = select(col).where(*where).order_by(col).limit(1).offset(rank)
-                    if conn.dialect.name == "sqlite":
-                        q = q.with_hint(t, hint, "sqlite")
-                    value = conn.execute(q).scalar_one_or_none()
-                    if value is None:
-                        raise _Inconsistent(f"{STAT_FIELDS[j]} bucket {b}: no row at rank {rank}")
-                    out[(None, j, name)] = float(value)
-                continue
-            g = t.c[group_by]
             inner = select(
-                g.label("g"), col.label("v"), func.row_number().over(partition_by=g, order_by=col).label("rn")
-            )
-            inner = inner.where(*where)
+                (g if g is not None else literal(None)).label("g"),
+                col.label("v"),
+                func.row_number().over(partition_by=g, order_by=col).label("rn"),
+                func.count().over(partition_by=g).label("n"),
+            ).where(_range(col, b), *conds)
             if conn.dialect.name == "sqlite":
                 inner = inner.with_hint(t, hint, "sqlite")
             sub = inner.subquery()
             ranks = sorted({rank + 1 for _, rank, _ in wants})
-            rows = conn.execute(select(sub.c.g, sub.c.rn, sub.c.v).where(sub.c.rn.in_(ranks))).all()
-            have = {(row.g, row.rn): float(row.v) for row in rows}
+            rows = conn.execute(select(sub.c.g, sub.c.rn, sub.c.v, sub.c.n).where(sub.c.rn.in_(ranks))).all()
+            have = {(row.g, row.rn): (float(row.v), int(row.n)) for row in rows}
             for key, rank, name in wants:
-                value = have.get((key, rank + 1))
-                if value is None:
-                    raise _Inconsistent(f"{STAT_FIELDS[j]} bucket {b}: no row at rank {rank} of {key!r}")
-                out[(key, j, name)] = value
+                found = have.get((key, rank + 1))
+                if found is None or found[1] != aggs[key].hists[j].counts[b]:
+                    raise _Inconsistent(f"{STAT_FIELDS[j]} bucket {b} of {key!r}: the table disagrees with the rollups")
+                out[(key, j, name)] = found[0]
     return out
 
 
@@ -684,16 +709,17 @@ def compute_stats(
         else:
             conn.exec_driver_sql("BEGIN")  # SQLite: one read transaction, one snapshot
         try:
-            ids = conn.execute(select(func.min(t.c.id), func.max(t.c.id))).one()
-            folded = rollup.watermark(conn)
-            if ids[1] is None:
+            st = _state(conn)
+            ids = (st.min_id, st.max_id)
+            folded = st.folded
+            if ids[1] is None or ids[0] is None:
                 return Stats(window_seconds=seconds, since=start, until=end, group_by=group_by, plan="scan", data=[])
             w = _Window(start=start, end=end, newest=int(ids[1]), bounded=not postgres)
             chosen = plan or "scan"
             if plan == "walk" or (plan is None and int(ids[1]) - folded > TAIL_LIMIT):
                 chosen = "walk"
             else:
-                aggs, _, _ = _rollup_aggs(conn, w, filters, group_by, folded)
+                aggs, _, _ = _rollup_aggs(conn, w, filters, group_by, st)
                 n_window = sum(g.requests for g in aggs.values())
                 if plan is None:
                     if mode == "sketch" or (mode == "auto" and n_window > EXACT_LIMIT):
@@ -738,7 +764,7 @@ def _from_aggs(
     if plan == "scan":
         picked = _pick_by_scan(conn, w, filters, group_by, aggs, targets)
     elif plan == "index":
-        picked = _pick_by_index(conn, w, filters, group_by, targets)
+        picked = _pick_by_index(conn, w, filters, group_by, aggs, targets)
     else:
         for j, ts in enumerate(targets):
             for key, b, _, name in ts:

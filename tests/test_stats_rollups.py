@@ -1,0 +1,322 @@
+"""Stats at scale: the log-bucket sketch and its bound, the rollup job (idempotent, by id watermark, one pass at a
+time), every plan of compute_stats against a brute-force answer, sketched against exact on the same rows, and the
+/stats filters. On SQLite and on PostgreSQL (a scratch schema)."""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import threading
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import Engine, func, select, update
+
+from inferwatch.collector import db, rollup, sketch, store
+from inferwatch.collector.app import create_app
+from inferwatch.collector.config import CollectorSettings
+from inferwatch.collector.models import ROLLUP_STATE_TABLE, ROLLUP_TABLE
+from inferwatch.collector.record import RequestRecord
+from inferwatch.core.schema import E2E, QUEUE, TPOT, TTFT
+from tests.conftest import postgres_schema
+
+FIELDS = (TTFT, TPOT, E2E, QUEUE)
+NOW = datetime(2024, 5, 8, 12, 0, 30, tzinfo=UTC)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Engine]:
+    with contextlib.ExitStack() as stack:
+        url = db.default_url(tmp_path) if request.param == "sqlite" else stack.enter_context(postgres_schema("iw_st"))
+        eng = db.make_engine(url)
+        db.ensure_schema(eng)
+        yield eng
+        eng.dispose()
+
+
+def make_rows(n: int, seed: int = 3, start: int = 0) -> list[RequestRecord]:
+    """Requests ending over the 3 days before NOW: 2 engines x 2 models x 3 instances, some nulls and failures,
+    a few slow requests that straddle window starts, queue times of exactly 0."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(start, start + n):
+        e, m, k = rng.randrange(2), rng.randrange(2), rng.randrange(3)
+        end = NOW - timedelta(seconds=rng.uniform(0, 3 * 86400))
+        ttft = (0.05 + 0.2 * m) * rng.lognormvariate(0, 0.7)
+        e2e = ttft + rng.expovariate(1.0) * (30 if i % 97 == 0 else 1)
+        queue = None if e == 1 and k == 2 else (0.0 if rng.random() < 0.3 else rng.expovariate(50))
+        out.append(
+            RequestRecord(
+                trace_id=f"{i + 1:032x}",
+                span_id=f"{i + 1:016x}",
+                engine=f"eng{e}",
+                model=None if (m == 1 and k == 0) else f"model{m}",
+                instance=f"inst{e}{m}{k}",
+                start_time=end - timedelta(seconds=e2e),
+                end_time=end,
+                time_to_first_token=ttft,
+                time_per_output_token=None if i % 11 == 0 else 0.01 * rng.lognormvariate(0, 0.3),
+                request_duration=e2e,
+                request_queue=queue,
+                prompt_tokens=None if i % 13 == 0 else rng.randrange(1, 4000),
+                generation_tokens=rng.randrange(1, 500),
+                finish_reason="abort" if i % 50 == 0 else "stop",
+                error="boom" if i % 71 == 0 else None,
+            )
+        )
+    return out
+
+
+def brute(rows: list[RequestRecord], since: datetime, until: datetime | None, group_by: str, **filters: str) -> Any:
+    """The expected answer: nearest-rank percentiles over the rows that ended in [since, until)."""
+    groups: dict[Any, list[RequestRecord]] = {}
+    for r in rows:
+        if r.end_time < since or (until is not None and r.end_time >= until):
+            continue
+        if any(getattr(r, k) != v for k, v in filters.items()):
+            continue
+        groups.setdefault(None if group_by == "none" else getattr(r, group_by), []).append(r)
+    out = {}
+    for key, rs in groups.items():
+        entry: dict[str, Any] = {
+            "requests": len(rs),
+            "failed": sum(r.finish_reason == "abort" or r.error is not None for r in rs),
+        }
+        for f in FIELDS:
+            vs = sorted(getattr(r, f) for r in rs if getattr(r, f) is not None)
+            entry[f] = (len(vs), *(vs[store.nearest_rank(len(vs), q)] if vs else None for q in store.PERCENTILES))
+        out[key] = entry
+    return out
+
+
+def answer(stats: store.Stats, group_by: str) -> Any:
+    out = {}
+    for g in stats.data:
+        entry: dict[str, Any] = {"requests": g.requests, "failed": g.failed}
+        for f in FIELDS:
+            fs = getattr(g, f)
+            entry[f] = (fs.count, fs.p50, fs.p90, fs.p95, fs.p99)
+        out[None if group_by == "none" else getattr(g, group_by)] = entry
+    return out
+
+
+# --- the sketch ------------------------------------------------------------------------------------------------------
+
+
+def test_every_value_is_reported_within_the_relative_accuracy() -> None:
+    rng = random.Random(1)
+    values = [rng.lognormvariate(0, 4) for _ in range(20_000)] + [*sketch.BOUNDS[:50], 0.0, 5e-7, 1e-6, 2e-6, 1e5]
+    for v in (v for v in values if v <= sketch.MAX_VALUE):
+        b = sketch.bucket_of(v)
+        lo, hi = sketch.bucket_range(b)
+        assert (lo is None or lo < v) and (hi is None or v <= hi)
+        est = sketch.estimate(b)
+        if v <= sketch.MIN_VALUE:
+            assert est == 0.0
+        else:
+            assert abs(est - v) <= sketch.RELATIVE_ACCURACY * v * (1 + 1e-12)
+
+
+def test_sketches_merge_exactly_and_round_trip() -> None:
+    rng = random.Random(2)
+    parts = [[rng.expovariate(3) for _ in range(rng.randrange(0, 300))] for _ in range(40)]
+    direct = sketch.Histogram()
+    direct.add_values(v for p in parts for v in p)
+    for lanes in (True, False):
+        merged = sketch.Histogram()
+        for p in parts:
+            counts: dict[int, int] = {}
+            for v in p:
+                counts[sketch.bucket_of(v)] = counts.get(sketch.bucket_of(v), 0) + 1
+            merged.add_encoded(sketch.encode(counts), lanes=lanes)
+        assert merged.counts == direct.counts
+    big = {5: 2**33, 7: 1}
+    lo, arr = sketch.decode(sketch.encode(big))
+    assert (lo, list(arr)) == (5, [2**33, 0, 1])
+
+
+# --- the rollup job --------------------------------------------------------------------------------------------------
+
+
+def totals(engine: Engine) -> tuple[int, int]:
+    r = ROLLUP_TABLE
+    with engine.connect() as conn:
+        minutes = conn.execute(select(func.sum(r.c.requests)).where(r.c.period_seconds == 60)).scalar_one()
+        hours = conn.execute(select(func.sum(r.c.requests)).where(r.c.period_seconds == 3600)).scalar_one()
+    return int(minutes or 0), int(hours or 0)
+
+
+def test_the_rollups_fold_each_row_once_whatever_races(engine: Engine) -> None:
+    rows = make_rows(3000)
+    db.insert_records(engine, rows[:2000])
+    # two passes racing, small chunks: the compare-and-set (and on PostgreSQL the lock) folds each row once
+    threads = [threading.Thread(target=rollup.catch_up, args=(engine,), kwargs={"chunk": 97}) for _ in range(2)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert totals(engine) == (2000, 2000)
+    db.insert_records(engine, rows[2000:])  # later rows, many of them for minutes already rolled up
+    assert rollup.catch_up(engine) == 1000
+    assert rollup.catch_up(engine) == 0
+    assert totals(engine) == (3000, 3000)
+    with engine.connect() as conn:
+        assert rollup.watermark(conn) == 3000
+
+
+def test_postgresql_folds_an_id_only_after_the_grace(engine: Engine) -> None:
+    db.insert_records(engine, make_rows(50))
+    t0 = datetime.now(UTC)
+    assert rollup.fold_pass(engine, grace=30, now=t0).folded == 0  # sees id 50
+    db.insert_records(engine, make_rows(10, start=50))
+    assert rollup.fold_pass(engine, grace=30, now=t0 + timedelta(seconds=10)).folded == 0
+    res = rollup.fold_pass(engine, grace=30, now=t0 + timedelta(seconds=31))
+    assert (res.folded, res.watermark) == (50, 50)  # what it saw 31 s ago, not the 10 rows since
+    assert rollup.fold_pass(engine, grace=30, now=t0 + timedelta(seconds=62)).watermark == 60
+
+
+def test_rollup_job_runs_with_the_collector(tmp_path: Path) -> None:
+    settings = CollectorSettings(data_dir=tmp_path, grpc_listen=None)
+    app = create_app(settings)
+    app.state.rollups.interval = 0.05
+    with TestClient(app) as client:
+        eng = client.app.state.collector.engine  # type: ignore[attr-defined]
+        db.insert_records(eng, make_rows(200))
+        deadline = datetime.now(UTC) + timedelta(seconds=20)
+        while totals(eng)[0] < 200 and datetime.now(UTC) < deadline:
+            threading.Event().wait(0.05)
+        assert totals(eng) == (200, 200)
+    assert app.state.rollups._thread is None  # stopped with the collector
+
+
+# --- the plans -----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("group_by", ["none", "engine", "model", "instance"])
+def test_every_plan_is_exact_on_every_window(engine: Engine, group_by: str) -> None:
+    rows = make_rows(4000)
+    db.insert_records(engine, rows[:3500])
+    rollup.catch_up(engine)
+    db.insert_records(engine, rows[3500:])  # not rolled up yet: read raw above the watermark
+    windows = [
+        (NOW - timedelta(hours=1), None),
+        (NOW - timedelta(hours=25, seconds=17), None),
+        (NOW - timedelta(days=10), None),
+        (NOW - timedelta(hours=30, seconds=7), NOW - timedelta(hours=3, seconds=45)),
+        (NOW - timedelta(minutes=50, seconds=1), NOW - timedelta(minutes=20, seconds=2)),
+    ]
+    for since, until in windows:
+        expected = brute(rows, since, until, group_by)
+        for plan in ("scan", "index", "walk", None):
+            got = store.compute_stats(
+                engine=engine, window=timedelta(hours=1), since=since, until=until, group_by=group_by,  # type: ignore[arg-type]
+                now=NOW, plan=plan,  # type: ignore[arg-type]
+            )  # fmt: skip
+            assert answer(got, group_by) == expected, (since, until, plan)
+            assert all(getattr(g, f).exact for g in got.data for f in FIELDS)
+
+
+def test_filters_narrow_every_plan(engine: Engine) -> None:
+    rows = make_rows(2000)
+    db.insert_records(engine, rows)
+    rollup.catch_up(engine)
+    since = NOW - timedelta(days=2)
+    for filters in ({"engine": "eng1"}, {"model": "model0", "instance": "inst000"}, {"instance": "nope"}):
+        expected = brute(rows, since, None, "instance", **filters)
+        for plan in ("scan", "index", "sketch", None):
+            got = store.compute_stats(
+                engine=engine, window=timedelta(days=2), group_by="instance", now=NOW,
+                filters=store.StatsFilter(**filters), plan=plan,  # type: ignore[arg-type]
+            )  # fmt: skip
+            assert {k: v["requests"] for k, v in answer(got, "instance").items()} == {
+                k: v["requests"] for k, v in expected.items()
+            }
+            if plan != "sketch":
+                assert answer(got, "instance") == expected
+
+
+def test_sketched_percentiles_are_within_the_bound_of_the_exact_ones(engine: Engine) -> None:
+    """The same rows, answered exactly and sketched: counts equal, every percentile within the stated bound."""
+    rows = make_rows(6000, seed=11)
+    db.insert_records(engine, rows)
+    rollup.catch_up(engine)
+    for group_by in ("none", "model", "instance"):
+        for window in (timedelta(hours=6), timedelta(days=4)):
+            exact = store.compute_stats(engine=engine, window=window, group_by=group_by, now=NOW, mode="exact")  # type: ignore[arg-type]
+            sketched = store.compute_stats(engine=engine, window=window, group_by=group_by, now=NOW, mode="sketch")  # type: ignore[arg-type]
+            assert sketched.plan == "sketch" and exact.plan in ("scan", "index")
+            for e, s in zip(exact.data, sketched.data, strict=True):
+                assert (e.requests, e.failed, e.prompt_tokens) == (s.requests, s.failed, s.prompt_tokens)
+                for f in FIELDS:
+                    ef, sf = getattr(e, f), getattr(s, f)
+                    assert ef.exact and ef.relative_error == 0.0
+                    assert not sf.exact and sf.relative_error == sketch.RELATIVE_ACCURACY
+                    assert ef.count == sf.count
+                    for q in ("p50", "p90", "p95", "p99"):
+                        a, b = getattr(ef, q), getattr(sf, q)
+                        if a is None or a <= sketch.MIN_VALUE:
+                            assert b == (None if a is None else 0.0)
+                        else:
+                            assert abs(b - a) <= sf.relative_error * a * (1 + 1e-12), (f, q, a, b)
+
+
+def test_rollups_that_disagree_with_the_table_are_noticed(engine: Engine) -> None:
+    """A row below the watermark that the rollups never saw (an insert that committed after the grace):
+    the exact answer is still exact, by the index walks."""
+    rows = make_rows(1500)
+    db.insert_records(engine, rows[:1000])
+    s = ROLLUP_STATE_TABLE
+    with engine.begin() as conn:  # the watermark moved past rows the rollups do not hold
+        rollup.catch_up(engine)
+        conn.execute(update(s).values(folded_id=5000))
+    db.insert_records(engine, rows[1000:])
+    expected = brute(rows, NOW - timedelta(days=4), None, "none")
+    got = store.compute_stats(engine=engine, window=timedelta(days=4), now=NOW, plan=None)
+    assert got.plan == "walk"
+    assert answer(got, "none") == expected
+
+
+# --- /stats filters over HTTP ----------------------------------------------------------------------------------------
+
+
+def test_stats_filters_over_http(tmp_path: Path) -> None:
+    settings = CollectorSettings(data_dir=tmp_path, grpc_listen=None)
+    with TestClient(create_app(settings)) as client:
+        eng = client.app.state.collector.engine  # type: ignore[attr-defined]
+        now = datetime.now(UTC)
+        rows = [
+            RequestRecord(
+                trace_id=f"{i + 1:032x}",
+                span_id=f"{i + 1:016x}",
+                engine=("vllm", "tgi")[i % 2],
+                model=f"m{i % 3}",
+                instance=f"i{i % 4}",
+                start_time=now - timedelta(minutes=i, seconds=2),
+                end_time=now - timedelta(minutes=i),
+                time_to_first_token=0.01 * (i + 1),
+                request_duration=2.0,
+            )
+            for i in range(120)
+        ]
+        db.insert_records(eng, rows)
+        get = client.get
+        assert get("/api/v1/stats", params={"window": "3h", "engine": "tgi"}).json()["data"][0]["requests"] == 60
+        body = get("/api/v1/stats", params={"window": "3h", "model": "m1", "instance": "i1", "group_by": "engine"})
+        assert [(g["engine"], g["requests"]) for g in body.json()["data"]] == [("tgi", 10)]
+        since = (now - timedelta(minutes=30, seconds=30)).isoformat()
+        until = (now - timedelta(minutes=9, seconds=30)).isoformat()
+        r = get("/api/v1/stats", params={"since": since, "until": until}).json()
+        assert r["data"][0]["requests"] == 21 and r["until"] is not None  # minutes 10..30
+        assert r["data"][0][TTFT]["p50"] == pytest.approx(0.21) and r["data"][0][TTFT]["exact"] is True
+        sk = get("/api/v1/stats", params={"window": "3h", "percentiles": "sketch"}).json()
+        assert sk["plan"] == "sketch" and sk["data"][0][TTFT]["relative_error"] == sketch.RELATIVE_ACCURACY
+        assert get("/api/v1/stats", params={"since": until, "until": since}).status_code == 400
+        assert get("/api/v1/stats", params={"until": "yesterday"}).status_code == 400
+        assert get("/api/v1/stats", params={"model": "m\x00"}).status_code == 400
+        assert get("/api/v1/stats", params={"percentiles": "roughly"}).status_code == 422
+        params = {p["name"] for p in client.get("/openapi.json").json()["paths"]["/api/v1/stats"]["get"]["parameters"]}
+        assert {"engine", "model", "instance", "since", "until", "percentiles"} <= params

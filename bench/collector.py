@@ -217,6 +217,31 @@ class Collectors:
                 proc.wait(timeout=10)
 
 
+def tree_cpu(pid: int) -> dict[int, float]:
+    """CPU seconds (user + system) of ``pid`` and each of its live descendants, by pid (Linux ``/proc``)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    stats: dict[int, tuple[int, float]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        stats[int(entry.name)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / tick)
+    tree, todo = {}, [pid]
+    while todo:
+        p = todo.pop()
+        if p in stats:
+            tree[p] = stats[p][1]
+            todo += [c for c, (parent, _) in stats.items() if parent == p]
+    return tree
+
+
+CPU: dict[str, list[float]] = {}
+"""Collector CPU microseconds per span of each end-to-end run, by back end: (main process, worker processes)."""
+
+
 def end_to_end(
     url: str,
     data_dir: Path,
@@ -236,6 +261,7 @@ def end_to_end(
         with body_file.open("wb") as f:
             for b in bodies:
                 f.write(len(b).to_bytes(4, "big") + b)
+        before = [tree_cpu(p.pid) for p in collectors.procs]
         t = time.perf_counter()
         cmd = [sys.executable, __file__, "--send", ",".join(u + "/v1/traces" for u in collectors.bases)]
         sender = subprocess.Popen([*cmd, "--bodies", str(body_file), "--senders", str(senders)])
@@ -245,6 +271,15 @@ def end_to_end(
                     raise RuntimeError("sender failed")
                 time.sleep(0.05)
             took = time.perf_counter() - t
+            after = [tree_cpu(p.pid) for p in collectors.procs]
+            main = sum(a[p.pid] - b.get(p.pid, 0.0) for a, b, p in zip(after, before, collectors.procs, strict=True))
+            workers = sum(
+                cpu - b.get(pid, 0.0)
+                for a, b, p in zip(after, before, collectors.procs, strict=True)
+                for pid, cpu in a.items()
+                if pid != p.pid
+            )
+            CPU["last"] = [main / n * 1e6, workers / n * 1e6]
             sender.wait(timeout=60)
         finally:
             if sender.poll() is None:
@@ -375,8 +410,10 @@ def measure(backend: str, tmp: Path, bodies: list[bytes], args: argparse.Namespa
         )
         limits.append(limit)
         e2es.append(e2e)
+        main_us, workers_us = CPU["last"]
         print(
-            f"  {backend} round {r + 1}: limit {limit:,.0f} rows/s, end to end {e2e:,.0f} spans/s ({e2e / limit:.2f}x)"
+            f"  {backend} round {r + 1}: limit {limit:,.0f} rows/s, end to end {e2e:,.0f} spans/s ({e2e / limit:.2f}x); "
+            f"collector CPU per span {main_us:.1f} us in its process + {workers_us:.1f} us in worker processes"
         )
     return max(limits), max(e2es)
 

@@ -475,3 +475,65 @@ def test_retention_deletes_old_rows(store: Engine, tmp_path: Path) -> None:
     finally:
         assert writer.stop()
     assert stored_keys(store) == keys(recent)
+
+
+# --- the driver fast path and the spool lines ------------------------------------------------------------------------
+
+
+def test_the_fast_path_stores_what_core_would(store: Engine) -> None:
+    """Rows inserted through the driver's fast path (executemany of tuples on SQLite, COPY on PostgreSQL) hold
+    exactly what SQLAlchemy Core's insert of the same records stores, down to SQLite's stored time text."""
+    from sqlalchemy import insert
+
+    cest = timezone(timedelta(hours=2))
+    records = [
+        make_record(1, attributes={"f": 0.1 + 0.2, "n": None, "s": "é ✓", "l": [1, 2.5, {"k": True}]}),
+        make_record(2, start=datetime(2024, 5, 1, 14, 0, 0, 0, tzinfo=cest), temperature=1 / 3, ttft_derived=True),
+        make_record(3, start=datetime(2024, 5, 1, 12, 0, 0, 7), prompt_tokens=2**62, n=7, error="a\tb\nc\\d"),
+    ]
+    twins = [RequestRecord(**{**vars(r), "trace_id": f"{99:032x}"}) for r in records]
+    assert db.insert_records(store, records) == (3, 0)
+    with store.begin() as conn:
+        now = datetime.now(UTC)
+        conn.execute(insert(REQUEST_TABLE), [{**vars(r), "received_at": now} for r in twins])
+    columns = [c for c in REQUEST_TABLE.c if c.key not in ("id", "trace_id", "received_at")]
+    with store.connect() as conn:
+        rows = conn.execute(select(REQUEST_TABLE.c.trace_id, *columns).order_by(REQUEST_TABLE.c.span_id)).all()
+        fast = [tuple(r[1:]) for r in rows if r[0] != f"{99:032x}"]
+        core = [tuple(r[1:]) for r in rows if r[0] == f"{99:032x}"]
+        assert fast == core
+        if store.dialect.name == "sqlite":  # the stored text itself, which the time indexes order
+            raw = conn.exec_driver_sql(f"SELECT trace_id, start_time, end_time FROM {TABLE_NAME} ORDER BY span_id")
+            by_trace: dict[str, list[tuple[str, str]]] = {}
+            for trace_id, start, end in raw:
+                by_trace.setdefault(trace_id, []).append((start, end))
+            assert by_trace[f"{1:032x}"] == by_trace[f"{99:032x}"]
+            assert by_trace[f"{1:032x}"][1][0] == "2024-05-01 12:00:00.000000"
+
+
+def test_spool_lines_read_back_into_the_same_record() -> None:
+    """orjson writes the lines; what it refuses or would change (NaN, lone surrogates, integers beyond 64 bits)
+    goes through the standard library, and every line reads back into the record it came from."""
+    import json
+    import math
+
+    from inferwatch.collector.rows import dumps, prepare
+
+    cases = [
+        make_record(1, attributes={"x": [0.1, None, "é", {"deep": [1e-300, 2**63 - 1]}]}),
+        make_record(2, attributes={"nan": float("nan"), "inf": [float("-inf")]}),
+        make_record(3, attributes={"s": "lone \ud800 surrogate"}, model="m\ud83d"),
+        make_record(4, attributes={"big": 2**70}, prompt_tokens=2**64),
+        make_record(5, temperature=float("nan"), attributes={}),
+    ]
+    rows, lines = prepare(cases, "sqlite")
+    for record, line, row in zip(cases, lines, rows, strict=True):
+        back = record_from_json(line)
+        assert record_to_json(record) == line
+        assert "\n" not in line
+        for name in RECORD_FIELDS - {"attributes", "temperature"}:
+            assert getattr(back, name) == getattr(record, name), name
+        assert json.dumps(back.attributes, sort_keys=True) == json.dumps(record.attributes, sort_keys=True)
+        assert json.loads(row[-1]) == json.loads(dumps(record.attributes))
+    assert math.isnan(record_from_json(lines[4]).temperature or 0.0)
+    assert math.isnan(record_from_json(lines[1]).attributes["nan"])

@@ -121,7 +121,11 @@ def _text(value: Any) -> str | None:
 # -- typed attribute access --------------------------------------------------------------------------
 def number(attrs: Mapping[str, Any], key: str) -> float | None:
     """A float attribute (int, double or numeric string); ``Rejected`` for anything else."""
-    value = attrs.get(key)
+    return as_number(attrs.get(key), key)
+
+
+def as_number(value: Any, key: str) -> float | None:
+    """:func:`number` of the value of ``key``."""
     if value is None:
         return None
     if type(value) is float and math.isfinite(value):
@@ -147,7 +151,11 @@ _INTEGER = re.compile(r"-?[0-9]+")
 
 def integer(attrs: Mapping[str, Any], key: str) -> int | None:
     """An int attribute (int, integral double or digit string); ``Rejected`` for anything else."""
-    value = attrs.get(key)
+    return as_integer(attrs.get(key), key)
+
+
+def as_integer(value: Any, key: str) -> int | None:
+    """:func:`integer` of the value of ``key``."""
     if value is None:
         return None
     if type(value) is int:
@@ -165,7 +173,13 @@ def integer(attrs: Mapping[str, Any], key: str) -> int | None:
 
 def text(attrs: Mapping[str, Any], key: str) -> str | None:
     """A string attribute; other scalars are stringified (trtllm-serve's request id is an int)."""
-    value = attrs.get(key)
+    return as_text(attrs.get(key))
+
+
+def as_text(value: Any) -> str | None:
+    """:func:`text` of a value."""
+    if type(value) is str:
+        return value or None
     if value is None or isinstance(value, list | dict):
         return None
     return str(value) if value != "" else None
@@ -267,8 +281,11 @@ class SpanView:
         return "error"
 
 
-def base_record(view: SpanView, engine: str, unmapped: Mapping[str, Any]) -> RequestRecord:
-    """The columns every source fills the same way: ids, times, service, instance, leftover attributes."""
+def base_record(
+    view: SpanView, engine: str, unmapped: Mapping[str, Any], fields: Mapping[str, Any] | None = None
+) -> RequestRecord:
+    """The columns every source fills the same way: ids, times, service, instance, leftover attributes (a dict is
+    taken as it is, not copied); ``fields``: more record fields (those :func:`split` read)."""
     span = view.span
     tid = trace_id(span.trace_id)
     if tid is None:
@@ -288,7 +305,8 @@ def base_record(view: SpanView, engine: str, unmapped: Mapping[str, Any]) -> Req
         end_time=timestamp(span.end_time_unix_nano),
         instance=view.resource.instance,
         service=view.resource.service,
-        attributes=dict(unmapped),
+        attributes=unmapped if type(unmapped) is dict else dict(unmapped),
+        **(fields or {}),
     )
 
 
@@ -318,6 +336,32 @@ def fill(record: RequestRecord, attrs: Mapping[str, Any], table: Mapping[str, Co
             value = readers[column.kind](attrs, key)
             if value is not None:
                 setattr(record, column.field, value)
+
+
+def split(
+    attrs: Mapping[str, Any], table: Mapping[str, Column], also: frozenset[str] = frozenset()
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """One walk over the attributes: the record fields of those in ``table`` (converted to their kind;
+    ``Rejected`` on a wrong type) and every other attribute but those in ``also`` (stored as they are).
+    What :func:`fill` and :func:`unmapped` do, without walking the attributes twice."""
+    fields: dict[str, Any] = {}
+    rest: dict[str, Any] = {}
+    for key, value in attrs.items():
+        column = table.get(key)
+        if column is None:
+            if key not in also:
+                rest[key] = value
+            continue
+        kind = column.kind
+        if kind == "float":
+            converted: Any = value if type(value) is float and math.isfinite(value) else as_number(value, key)
+        elif kind == "int":
+            converted = value if type(value) is int else as_integer(value, key)
+        else:
+            converted = as_text(value)
+        if converted is not None:
+            fields[column.field] = converted
+    return fields, rest
 
 
 MODEL_KEYS: Final = ("gen_ai.response.model", "gen_ai.request.model")

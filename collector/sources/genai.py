@@ -18,13 +18,12 @@ from inferwatch.collector.sources.common import (
     Column,
     SpanView,
     base_record,
-    fill,
     first_of,
     integer,
     model_of,
+    split,
     string_list,
     text,
-    unmapped,
 )
 
 NAME: Final = "genai"
@@ -67,8 +66,8 @@ def to_record(view: SpanView) -> R.RequestRecord | None:
     request_id = first_of(attrs, *REQUEST_IDS)
     mapped = [*COLUMNS, *MODEL_KEYS, PROVIDER, SYSTEM, FINISH_REASONS, ERROR_TYPE]
     mapped += [k for k in (inputs, outputs, request_id) if k is not None]
-    rec = base_record(view, text(attrs, PROVIDER) or text(attrs, SYSTEM) or NAME, unmapped(attrs, mapped))
-    fill(rec, attrs, COLUMNS)
+    fields, rest = split(attrs, COLUMNS, frozenset(mapped))
+    rec = base_record(view, text(attrs, PROVIDER) or text(attrs, SYSTEM) or NAME, rest, fields)
     rec.request_id = text(attrs, request_id) if request_id else None
     rec.prompt_tokens = integer(attrs, inputs) if inputs else None
     rec.generation_tokens = integer(attrs, outputs) if outputs else None

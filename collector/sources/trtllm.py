@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Final
 
 from inferwatch.collector import record as R
-from inferwatch.collector.sources.common import Column, SpanView, base_record, fill, model_of, string_list, unmapped
+from inferwatch.collector.sources.common import Column, SpanView, base_record, model_of, split, string_list
 from inferwatch.core import vocabulary as V
 
 NAME: Final = V.ENGINE_TRTLLM
@@ -52,8 +52,8 @@ def to_record(view: SpanView) -> R.RequestRecord | None:
     attrs = view.attrs
     if not any(k.startswith(RECORD_PREFIXES) for k in attrs):
         return None  # another span of the tracer (e.g. the disaggregated orchestrator's handler spans)
-    rec = base_record(view, NAME, unmapped(attrs, [*COLUMNS, FINISH_REASONS]))
-    fill(rec, attrs, COLUMNS)
+    fields, rest = split(attrs, COLUMNS, frozenset({FINISH_REASONS}))
+    rec = base_record(view, NAME, rest, fields)
     reasons = string_list(attrs.get(FINISH_REASONS))
     rec.finish_reason = reasons[0] if reasons else None
     if len(reasons) > 1:

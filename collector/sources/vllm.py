@@ -16,7 +16,7 @@ from typing import Final
 
 from inferwatch.collector import record as R
 from inferwatch.collector.sources import trtllm
-from inferwatch.collector.sources.common import Column, Rejected, SpanView, base_record, fill, model_of, text, unmapped
+from inferwatch.collector.sources.common import Column, Rejected, SpanView, base_record, model_of, split
 from inferwatch.core import vocabulary as V
 
 NAME: Final = V.ENGINE_VLLM
@@ -62,11 +62,10 @@ def claims(view: SpanView) -> bool:
 def to_record(view: SpanView) -> R.RequestRecord | None:
     if view.name != SPAN_NAME:
         return None  # a start-up span
-    attrs = view.attrs
-    rec = base_record(view, NAME, unmapped(attrs, COLUMNS))
-    if text(attrs, REQUEST_ID) is None:
+    fields, rest = split(view.attrs, COLUMNS)  # one walk: the columns, and the attributes kept as they are
+    if fields.get("request_id") is None:
         raise Rejected("llm_request span without gen_ai.request.id")
-    fill(rec, attrs, COLUMNS)
+    rec = base_record(view, NAME, rest, fields)
     rec.model = rec.model or model_of(view)
     rec.time_per_output_token = R.tpot(rec.request_decode, rec.generation_tokens)
     return rec

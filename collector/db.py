@@ -589,19 +589,25 @@ def insert_records(engine: Engine, records: Sequence[RequestRecord]) -> tuple[in
 # --- retention -------------------------------------------------------------------------------------------------------
 
 DELETE_CHUNK: Final = 10_000
-"""Rows one retention statement deletes at most: each statement stays short (well within the statement
-timeout, no long lock on SQLite)."""
+"""Rows one statement of :func:`delete_older_than` deletes at most."""
+
+
+def delete_oldest(engine: Engine, cutoff: datetime, limit: int) -> int:
+    """Delete at most ``limit`` of the oldest requests that started before ``cutoff`` (naive: UTC), in one
+    transaction (walking the start-time index from its old end); the number deleted."""
+    t = REQUEST_TABLE
+    oldest = select(t.c.id).where(t.c.start_time < cutoff).order_by(t.c.start_time).limit(limit)
+    with engine.begin() as conn:
+        deleted: int = conn.execute(delete(t).where(t.c.id.in_(oldest.scalar_subquery()))).rowcount
+    return deleted
 
 
 def delete_older_than(engine: Engine, cutoff: datetime, chunk: int = DELETE_CHUNK) -> int:
-    """Delete the requests that started before ``cutoff`` (naive: UTC), ``chunk`` rows per transaction;
-    the number deleted."""
-    t = REQUEST_TABLE
-    oldest = select(t.c.id).where(t.c.start_time < cutoff).order_by(t.c.start_time).limit(chunk)
+    """Delete every request that started before ``cutoff`` (naive: UTC), ``chunk`` rows per transaction; the
+    number deleted. (The writer's retention deletes in small steps between its inserts instead.)"""
     total = 0
     while True:
-        with engine.begin() as conn:
-            deleted = conn.execute(delete(t).where(t.c.id.in_(oldest.scalar_subquery()))).rowcount
+        deleted = delete_oldest(engine, cutoff, chunk)
         total += deleted
         if deleted < chunk:
             return total

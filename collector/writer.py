@@ -23,6 +23,11 @@ queue refuses them too (429): back-pressure. Records the database refuses for wh
 appended to ``<spool>.rejected`` instead of being retried forever (the ingest path rejects what it
 knows the database would refuse before answering, see :func:`inferwatch.collector.db.refusal`).
 
+Retention (``retention``: delete the requests that started longer ago than that, a pass every
+``retention_interval`` seconds) runs in the writer thread in small steps: each step is one delete transaction
+sized to take about :data:`RETENTION_STEP_S`, and the records queued meanwhile are inserted before the next
+one, so retention never stalls ingest for more than one short step (a pass in one go took seconds on SQLite).
+
 :meth:`Writer.stop` applies what is queued; should the thread be stuck in a database call past the
 timeout, what it had not committed is in the spool already, for the next start.
 """
@@ -43,7 +48,7 @@ from typing import Final
 
 from sqlalchemy import Engine, text
 
-from inferwatch.collector.db import deadline, delete_older_than, describe, insert_rows
+from inferwatch.collector.db import deadline, delete_oldest, describe, insert_rows
 from inferwatch.collector.db import is_unreachable as is_unreachable
 from inferwatch.collector.record import RequestRecord
 from inferwatch.collector.rows import DATETIME_FIELDS as DATETIME_FIELDS
@@ -57,10 +62,16 @@ from inferwatch.collector.rows import record_to_json as record_to_json
 log = logging.getLogger("inferwatch.collector")
 
 InsertFn = Callable[[Engine, Sequence[RequestRecord]], tuple[int, int]]
-DeleteFn = Callable[[Engine, datetime], int]
+DeleteFn = Callable[[Engine, datetime, int], int]
+"""Deletes at most ``limit`` rows older than the cutoff, in one transaction; how many it deleted."""
 
 MAX_WAIT_S: Final = 1.0
 """upper bound of one idle wait of the writer thread (timers are re-checked at least this often)."""
+RETENTION_STEP_S: Final = 0.03
+"""What one retention step (one delete transaction between two of the writer's inserts) aims to take: the
+writer's longest stall for retention stays well under 100 ms."""
+RETENTION_ROWS: Final = (16, 128, 20_000)
+"""Rows one retention step deletes: at least, at first, at most (adjusted to :data:`RETENTION_STEP_S`)."""
 
 
 # --- spool -----------------------------------------------------------------------------------------------------------
@@ -381,6 +392,10 @@ class WriterStats:
     """failed insert calls (unreachable database or refused content)."""
     retention_deleted: int = 0
     """rows deleted by the retention pass."""
+    retention_steps: int = 0
+    """delete transactions of the retention (each one between two of the writer's inserts)."""
+    retention_longest_step: float = 0.0
+    """seconds of the longest retention step: the longest the writer stalled for retention."""
 
 
 class Ticket:
@@ -458,7 +473,7 @@ class Writer:
     """The write-ahead log (the spool) and the thread that applies it to the store (see the module doc).
 
     ``insert``, ``delete_older``, ``probe`` and ``now`` are seams for tests (defaults: the prepared rows
-    inserted with :func:`inferwatch.collector.db.insert_rows`, :func:`inferwatch.collector.db.delete_older_than`,
+    inserted with :func:`inferwatch.collector.db.insert_rows`, :func:`inferwatch.collector.db.delete_oldest`,
     :func:`ping` and the UTC wall clock; an ``insert`` given gets the records back); ``clock`` is the
     monotonic clock of the batching, retry, probe and retention timers. ``flush_interval`` is how long a
     record may wait for more to join its transaction (0: no lingering: whatever is queued goes together).
@@ -482,7 +497,7 @@ class Writer:
         spool_max_bytes: int = SPOOL_MAX_BYTES,
         segment_bytes: int = SEGMENT_BYTES,
         insert: InsertFn | None = None,
-        delete_older: DeleteFn = delete_older_than,
+        delete_older: DeleteFn = delete_oldest,
         probe: Callable[[Engine], None] = ping,
         now: Callable[[], datetime] = _utcnow,
     ) -> None:
@@ -528,6 +543,8 @@ class Writer:
         self._backoff = retry_interval
         self._next_retry = 0.0
         self._next_retention = 0.0
+        self._retention_cutoff: datetime | None = None  # the pass in progress deletes what is older
+        self._retention_rows = RETENTION_ROWS[1]
         self._next_probe = 0.0
         self._replaying = False
 
@@ -702,7 +719,12 @@ class Writer:
                     self._recover()
                 elif self.db_ok and not stopping and not chunks and self.probe_interval and now >= self._next_probe:
                     self._check()
-                if not stopping and self.retention is not None and self.db_ok and now >= self._next_retention:
+                if (
+                    not stopping
+                    and self.retention is not None
+                    and self.db_ok
+                    and (self._retention_cutoff is not None or now >= self._next_retention)
+                ):
                     self._retain(self.retention)
                 if stopping and not chunks:
                     with self._cond:
@@ -721,7 +743,8 @@ class Writer:
             deadlines.append(self._next_retry)
         else:
             if self.retention is not None:
-                deadlines.append(self._next_retention)
+                # a pass in progress goes on at once (after whatever is queued: _take serves that first)
+                deadlines.append(now if self._retention_cutoff is not None else self._next_retention)
             if self.probe_interval:
                 deadlines.append(self._next_probe)
         return min([MAX_WAIT_S, *(d - now for d in deadlines)])
@@ -953,15 +976,33 @@ class Writer:
             self._cond.notify_all()
 
     def _retain(self, retention: timedelta) -> None:
-        self._next_retention = self._clock() + self.retention_interval
-        cutoff = self._now() - retention
-        try:  # in bounded chunks, each statement within the statement timeout
-            deleted = self._delete_older(self.engine, cutoff)
+        """One step of the retention pass: delete a few of the oldest rows, sized to take about
+        :data:`RETENTION_STEP_S`, so that records waiting to be inserted wait at most one short step; the pass
+        goes on at the writer's next turn (queued records first) until nothing older than the cutoff is left."""
+        if self._retention_cutoff is None:
+            self._retention_cutoff = self._now() - retention
+        limit = self._retention_rows
+        started = self._clock()
+        try:
+            with deadline(self.write_timeout):
+                deleted = self._delete_older(self.engine, self._retention_cutoff, limit)
         except Exception as exc:
+            self._retention_cutoff = None
+            self._next_retention = self._clock() + self.retention_interval
             if not is_unreachable(exc):
                 log.exception("retention pass failed")
                 return
             self._went_down(exc)
             return
+        took = self._clock() - started
+        smallest, _, largest = RETENTION_ROWS
+        if took > RETENTION_STEP_S or deleted >= limit:  # the next step's size, in proportion (at most doubled)
+            scaled = int(limit * min(1.5, RETENTION_STEP_S / max(took, 1e-6)))
+            self._retention_rows = max(smallest, min(largest, scaled))
+        if deleted < limit:  # the pass is done
+            self._retention_cutoff = None
+            self._next_retention = self._clock() + self.retention_interval
         with self._stats_lock:
             self.stats.retention_deleted += deleted
+            self.stats.retention_steps += 1
+            self.stats.retention_longest_step = max(self.stats.retention_longest_step, took)

@@ -92,7 +92,7 @@ from inferwatch.exporters.mapping import Row
 from inferwatch.stack import EXPORTERS_JOB, Exporter, Layout, exporter_targets, prometheus_config
 from tests.conftest import ROOT, free_port, require_tool
 from tests.support.sink import Sink, running_sink
-from tests.support.stack import Processes, exporter_cmd, prometheus_cmd
+from tests.support.stack import Processes, alertmanager_cmd, exporter_cmd, prometheus_cmd
 from tests.support.victoria import (
     HEALTH_PATH,
     VICTORIA_METRICS,
@@ -451,17 +451,6 @@ def eventually(check: Callable[[], T | None], timeout: float, what: Callable[[],
         if time.monotonic() > deadline:
             pytest.fail(f"not within {timeout:g} s: {what()}")
         time.sleep(every)
-
-
-def alertmanager_cmd(binary: str, config: Path, storage: Path, port: int) -> list[str]:
-    """A single Alertmanager on 127.0.0.1, no cluster port (no gossip)."""
-    return [
-        binary,
-        f"--config.file={config}",
-        f"--storage.path={storage}",
-        f"--web.listen-address=127.0.0.1:{port}",
-        "--cluster.listen-address=",
-    ]
 
 
 def alert_key(labels: dict[str, str]) -> Key:

@@ -171,7 +171,7 @@ def fill(engine: Engine, n: int, now: datetime) -> float:
 def analyse(engine: Engine) -> None:
     if engine.dialect.name == "postgresql":
         with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-            conn.execute(text("VACUUM ANALYZE"))
+            conn.execute(text(f"VACUUM ANALYZE {REQUEST_TABLE.name}, request_rollups"))
     else:
         with engine.begin() as conn:
             conn.execute(text("ANALYZE"))

@@ -261,6 +261,9 @@ EXACT_LIMIT: Final = 5_000_000
 SCAN_SHARE: Final = 0.05
 """A window holding less than this share of the table reads the values of its percentiles' buckets from its
 own rows (by end time); a larger one from the latency indexes (ranges of the whole table)."""
+RAW_LIMIT: Final = 50_000
+"""A window of at most about this many rows (estimated from the id of its first row) is read whole: its values
+sorted per group, no rollups (they hold too few rows per minute and series to be cheaper than the rows)."""
 TAIL_LIMIT: Final = 250_000
 """Rows not yet in the rollups beyond which the rollups are not used (a backfill under way): the index walks."""
 
@@ -570,6 +573,56 @@ def _pick_by_index(
     return out
 
 
+def _raw(
+    conn: Connection, w: _Window, filters: StatsFilter, group_by: GroupBy, good: ColumnElement[Any]
+) -> list[dict[str, Any]]:
+    """A small window: its rows read once (by end time), counted and their values sorted per group."""
+    t = REQUEST_TABLE
+    group_col = [] if group_by == "none" else [t.c[group_by]]
+    cols = [*group_col, case((rollup.failed_condition(), 1), else_=0), t.c[PROMPT_TOKENS], t.c[GENERATION_TOKENS],
+            good, *(t.c[f] for f in STAT_FIELDS)]  # fmt: skip
+    q = select(*cols).where(*w.conds(filters))
+    if conn.dialect.name == "sqlite":
+        q = q.with_hint(t, f"INDEXED BY ix_{t.name}_end_time", "sqlite")
+    groups: dict[Any, list[Any]] = {}
+    for row in conn.execute(q):
+        tup = tuple(row)
+        key = tup[0] if group_col else None
+        g = groups.get(key)
+        if g is None:
+            g = groups[key] = [0, 0, 0, 0, 0, 0, 0, [[] for _ in STAT_FIELDS]]
+        failed, pt, gt, ok, *values = tup[1:] if group_col else tup
+        g[0] += 1
+        g[1] += failed
+        g[6] += ok
+        if pt is not None:
+            g[2] += pt
+            g[3] += 1
+        if gt is not None:
+            g[4] += gt
+            g[5] += 1
+        for lst, v in zip(g[7], values, strict=True):
+            if v is not None:
+                lst.append(v)
+    entries = []
+    for key, (requests, failed, pt, ptn, gt, gtn, ok, lists) in groups.items():
+        entry: dict[str, Any] = {"key": key, "requests": requests, "failed": failed, "good": ok}
+        entry.update(prompt_tokens=pt if ptn else None, generation_tokens=gt if gtn else None)
+        for f, vs in zip(STAT_FIELDS, lists, strict=True):
+            vs.sort()
+            n = len(vs)
+            entry[f] = FieldStats.model_validate(
+                {
+                    "count": n,
+                    "exact": True,
+                    "relative_error": 0.0,
+                    **{f"p{round(q * 100)}": (float(vs[nearest_rank(n, q)]) if n else None) for q in PERCENTILES},
+                }
+            )
+        entries.append(entry)
+    return entries
+
+
 def _goodput_counts(
     conn: Connection, w: _Window, filters: StatsFilter, group_by: GroupBy, good: ColumnElement[Any]
 ) -> dict[Any, int]:
@@ -644,7 +697,10 @@ def _walk(
                 for f in STAT_FIELDS
             ]
             for field, future in zip(STAT_FIELDS, futures, strict=True):
-                entry[field] = FieldStats.model_validate({"count": int(m[f"n_{field}"]), **future.result()})
+                n_field = int(m[f"n_{field}"])
+                entry[field] = FieldStats.model_validate(
+                    {"count": n_field, "exact": True, "relative_error": 0.0, **future.result()}
+                )
         out.append(entry)
     return out
 
@@ -716,7 +772,15 @@ def compute_stats(
                 return Stats(window_seconds=seconds, since=start, until=end, group_by=group_by, plan="scan", data=[])
             w = _Window(start=start, end=end, newest=int(ids[1]), bounded=not postgres)
             chosen = plan or "scan"
-            if plan == "walk" or (plan is None and int(ids[1]) - folded > TAIL_LIMIT):
+            if plan is None and mode != "sketch":
+                first = conn.execute(
+                    select(t.c.id).where(t.c.end_time >= start).order_by(t.c.end_time).limit(1)
+                ).scalar_one_or_none()
+                if first is None or int(ids[1]) - int(first) <= RAW_LIMIT:
+                    chosen = "raw"
+            if chosen == "raw":
+                entries = _raw(conn, w, filters, group_by, good)
+            elif plan == "walk" or (plan is None and int(ids[1]) - folded > TAIL_LIMIT):
                 chosen = "walk"
             else:
                 aggs, _, _ = _rollup_aggs(conn, w, filters, group_by, st)
@@ -732,7 +796,7 @@ def compute_stats(
                 except _Inconsistent as exc:
                     log.warning("stats: rollups disagree with the table (%s); answering by index walks", exc)
                     chosen = "walk"
-                if slos and chosen != "walk":
+                if slos and chosen not in ("walk", "raw"):
                     goods = _goodput_counts(conn, w, filters, group_by, good)
                     for e in entries:
                         e["good"] = goods.get(e["key"], 0)

@@ -18,7 +18,7 @@ import uuid
 from collections.abc import Coroutine, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -40,6 +40,7 @@ from inferwatch.proxy.server import Proxy, ProxySettings
 from inferwatch.proxy.tracing import SERVICE, SpanSink
 from tests.conftest import free_port
 from tests.helpers import has, value
+from tests.support.httpserver import serving
 from tests.support.stack import INFERWATCH, Processes, simulator_cmd
 
 T = TypeVar("T")
@@ -88,16 +89,9 @@ def otlp_receiver() -> Iterator[OtlpReceiver]:
         def log_message(self, format: str, *args: object) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    receiver.url = f"http://127.0.0.1:{server.server_address[1]}/v1/traces"
-    try:
+    with serving(Handler) as address:
+        receiver.url = f"http://{address}/v1/traces"
         yield receiver
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 @dataclass

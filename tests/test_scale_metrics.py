@@ -76,7 +76,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -91,6 +91,7 @@ from inferwatch.exporters.engines import builtin_registry
 from inferwatch.exporters.mapping import Row
 from inferwatch.stack import EXPORTERS_JOB, Exporter, Layout, exporter_targets, prometheus_config
 from tests.conftest import ROOT, free_port, require_tool
+from tests.support.httpserver import serving as serving_http
 from tests.support.sink import Sink, running_sink
 from tests.support.stack import Processes, alertmanager_cmd, exporter_cmd, prometheus_cmd
 from tests.support.victoria import (
@@ -349,16 +350,8 @@ def serving(render: Callable[[], str]) -> Iterator[str]:
         def log_message(self, format: str, *args: object) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
+    with serving_http(Handler) as address:
+        yield address
 
 
 # --- the rules, read from rules.yml ---------------------------------------------------------------

@@ -8,8 +8,10 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
+
+from tests.support.httpserver import serving
 
 
 @dataclass
@@ -79,14 +81,6 @@ def running_sink() -> Iterator[Sink]:
         def log_message(self, format: str, *args: object) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    sink.url = f"http://127.0.0.1:{server.server_address[1]}"
-    try:
+    with serving(Handler) as address:
+        sink.url = f"http://{address}"
         yield sink
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)

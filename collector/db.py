@@ -378,15 +378,26 @@ def _run_command(connection: Connection, direction: str, revision: str) -> None:
         command.downgrade(cfg, revision)
 
 
+def _migration_lock(conn: Connection) -> None:
+    """PostgreSQL: wait for the migration lock (released with the transaction), which every schema change takes
+    (:func:`ensure_schema` at a collector's start, ``inferwatch db upgrade``): one migrates at a time."""
+    if conn.dialect.name == "postgresql":
+        conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": PG_MIGRATION_LOCK_KEY})
+
+
 def upgrade(engine: Engine, revision: str = "head") -> None:
-    """Migrate the schema up to ``revision``, in one transaction (PostgreSQL DDL is transactional)."""
+    """Migrate the schema up to ``revision``, in one transaction (PostgreSQL DDL is transactional), under the
+    migration lock that collectors starting take too."""
     with engine.begin() as conn:
+        _migration_lock(conn)
         _run_command(conn, "upgrade", revision)
 
 
 def downgrade(engine: Engine, revision: str) -> None:
-    """Migrate the schema down to ``revision`` (``"base"``: drop everything the migrations made)."""
+    """Migrate the schema down to ``revision`` (``"base"``: drop everything the migrations made), under the
+    migration lock."""
     with engine.begin() as conn:
+        _migration_lock(conn)
         _run_command(conn, "downgrade", revision)
 
 
@@ -428,8 +439,7 @@ def ensure_schema(engine: Engine) -> None:
     script = _script()
     head = script.get_current_head()
     with engine.begin() as conn:
-        if conn.dialect.name == "postgresql":
-            conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": PG_MIGRATION_LOCK_KEY})
+        _migration_lock(conn)
         tables = set(inspect(conn).get_table_names())
         current = _current(conn) if VERSION_TABLE in tables else None
         if current is None:

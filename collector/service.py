@@ -19,6 +19,7 @@ from inferwatch.collector.alerting.intake import Intaker
 from inferwatch.collector.alerting.notify import NotifyConfig, load_notify_config
 from inferwatch.collector.alerting.worker import AlertWorker
 from inferwatch.collector.config import CollectorSettings
+from inferwatch.collector.datadir import DataDirLock
 from inferwatch.collector.diagnosis.service import OnCall
 from inferwatch.collector.grpc_server import start_grpc_server
 from inferwatch.collector.ingest import CollectorMetrics, Ingestor
@@ -45,10 +46,16 @@ class Collector:
     owns_engine: bool = False
     """True when :func:`build` made the engine (then :meth:`stop` disposes it)."""
     grpc_server: Any = None
+    lock: DataDirLock | None = None
+    """The data directory's lock, held from :meth:`start` to :meth:`stop`."""
 
     def start(self, *, grpc: bool = True) -> None:
-        """Start the writer thread, the ingest worker processes and, with ``grpc`` and ``settings.grpc_listen``, the
-        OTLP/gRPC server."""
+        """Lock the data directory (:class:`~inferwatch.collector.datadir.DataDirInUse` when another collector has
+        it), start the writer thread (which replays the spool), the ingest worker processes and, with ``grpc`` and
+        ``settings.grpc_listen``, the OTLP/gRPC server."""
+        if self.lock is None:
+            self.lock = DataDirLock(self.settings.data_dir)
+        self.lock.acquire()  # before anything reads or writes the spool
         self.writer.start()
         self.ingestor.start()
         if grpc and self.settings.grpc_listen:
@@ -65,7 +72,11 @@ class Collector:
             self.grpc_server.stop(grace=GRPC_GRACE_S).wait()
             self.grpc_server = None
         self.ingestor.close()
-        self.writer.stop(max(WRITER_STOP_TIMEOUT_S, self.settings.db_write_timeout_seconds + 2))
+        if self.lock is not None and self.lock.held:  # not ours otherwise: another collector's spool
+            try:
+                self.writer.stop(max(WRITER_STOP_TIMEOUT_S, self.settings.db_write_timeout_seconds + 2))
+            finally:
+                self.lock.release()
         if self.owns_engine:  # a caller's engine stays the caller's
             self.engine.dispose()
 

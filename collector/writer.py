@@ -941,7 +941,7 @@ class Writer:
             self._replaying = True
             self.spool.rewind()
             while True:
-                records, mark = self.spool.read(self.batch_size)
+                records, mark = self.spool.read(self.batch_size * COALESCE_BATCHES)  # as many as a live transaction
                 if records:
                     self._store(Prepared.of(records, self.dialect), replayed=True, rejections={})
                     replayed += len(records)

@@ -47,6 +47,7 @@ from sqlalchemy.pool import NullPool
 from inferwatch.collector import db
 from inferwatch.collector.app import create_app
 from inferwatch.collector.config import CollectorSettings
+from inferwatch.collector.datadir import DataDirInUse
 from inferwatch.collector.ingest import CollectorMetrics, Ingestor
 from inferwatch.collector.models import REQUEST_TABLE
 from inferwatch.collector.record import RequestRecord
@@ -669,3 +670,154 @@ def test_postgres_partition_spools_answers_503_and_recovers(tmp_path: Path) -> N
     assert timings["/readyz answered (s)"] < 8
     assert timings["/api/v1/requests answered (s)"] < 10
     assert timings["first read into the silence answered (s)"] < 15
+
+
+# --- one collector per data directory, migrations under one lock, ingest on its own threads --------------------------
+
+
+def test_a_second_collector_on_the_same_data_directory_is_refused(tmp_path: Path) -> None:
+    """Two collectors sharing a spool could lose acknowledged spans: the second refuses to start, naming the
+    directory and the holder; once the first has stopped, it starts."""
+    data = tmp_path / "data"
+    first = CollectorSettings(data_dir=data, grpc_listen=None)
+    with TestClient(create_app(first)):
+        second_app = create_app(CollectorSettings(data_dir=data, grpc_listen=None))
+        with pytest.raises(DataDirInUse) as refused, TestClient(second_app):
+            pass
+        assert str(data) in str(refused.value) and f"pid {os.getpid()}" in str(refused.value)
+    with TestClient(create_app(CollectorSettings(data_dir=data, grpc_listen=None))) as again:
+        assert again.get("/readyz").status_code == 200
+
+    running = Collector(data, None)  # and between processes: `collector serve` exits with the reason
+    try:
+        running.start()
+        assert running.proc is not None
+        second = subprocess.run(
+            [
+                *(sys.executable, "-m", "inferwatch", "collector", "serve", "--data-dir", str(data)),
+                *("--listen", f"127.0.0.1:{free_port()}", "--grpc-listen", f"127.0.0.1:{free_port()}"),
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        message = " ".join(second.stderr.split())
+        assert second.returncode == 3, second.stderr
+        assert str(data) in message and f"pid {running.proc.pid}" in message
+        running.kill9()  # the kernel drops the lock of a dead process: a restart is never refused
+        running.start()
+    finally:
+        running.stop()
+
+
+def test_db_upgrade_waits_for_the_migration_lock() -> None:
+    """`inferwatch db upgrade` takes the PostgreSQL advisory lock collectors take to migrate at start: while
+    another holds it, the command waits instead of migrating concurrently."""
+    with postgres_schema("iw_mig") as url:
+        holder = create_engine(url, poolclass=NullPool)
+        engine = db.make_engine(url)
+        try:
+            with holder.connect() as conn:
+                conn.execute(text("SELECT pg_advisory_lock(:k)"), {"k": db.PG_MIGRATION_LOCK_KEY})
+                upgrade = subprocess.Popen(
+                    [sys.executable, "-m", "inferwatch", "db", "upgrade", "--database-url", url],
+                    cwd=ROOT,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.PIPE,
+                )
+                try:
+                    time.sleep(4)  # the command has started and is waiting for the lock
+                    assert upgrade.poll() is None
+                    assert db.current_revision(engine) is None
+                finally:
+                    conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": db.PG_MIGRATION_LOCK_KEY})
+            _, stderr = upgrade.communicate(timeout=60)
+            assert upgrade.returncode == 0, stderr
+            assert db.at_head(engine)
+        finally:
+            if upgrade.poll() is None:
+                upgrade.kill()
+                upgrade.wait(timeout=10)
+            engine.dispose()
+            holder.dispose()
+
+
+def test_a_slow_disk_does_not_starve_readyz_or_the_read_api(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Exports waiting for a slow fsync hold the ingest's own threads, not asyncio's default pool: /readyz and the
+    read API answer meanwhile (with ingest on the default pool, 6 threads, they queued behind the exports)."""
+    real_fsync = os.fsync
+
+    def slow_fsync(fd: int) -> None:
+        time.sleep(2.5)  # a disk that takes seconds to flush
+        real_fsync(fd)
+
+    settings = CollectorSettings(data_dir=tmp_path, grpc_listen=None)
+    factory = SpanFactory(seed=5)
+    app = create_app(settings)
+    with served_in_thread(app) as base, httpx.Client(base_url=base, timeout=60) as http:
+        assert http.get("/readyz").status_code == 200
+        monkeypatch.setattr(os, "fsync", slow_fsync)
+        bodies = [factory.body(20)[0] for _ in range(12)]
+        with ThreadPoolExecutor(max_workers=12) as senders:
+            exports = [
+                senders.submit(lambda b: http.post("/v1/traces", content=b, headers={"content-type": PB}), b)
+                for b in bodies
+            ]
+            time.sleep(0.8)  # every export is waiting for the spool's fsync now
+            started = time.monotonic()
+            ready = http.get("/readyz")
+            readyz_s = time.monotonic() - started
+            started = time.monotonic()
+            listed = http.get("/api/v1/requests")
+            read_s = time.monotonic() - started
+            waiting = sum(not e.done() for e in exports)
+            statuses = [e.result().status_code for e in exports]
+        monkeypatch.setattr(os, "fsync", real_fsync)
+    print(f"\nwith 12 exports waiting for fsync: /readyz {readyz_s:.3f} s, /api/v1/requests {read_s:.3f} s")
+    assert waiting >= 8  # the exports were still waiting while the probes answered
+    assert ready.status_code == 200 and readyz_s < 1.0
+    assert listed.status_code == 200 and read_s < 1.0
+    assert statuses == [200] * 12
+
+
+def test_alert_routes_answer_503_while_the_database_is_down(tmp_path: Path) -> None:
+    """The webhook, the incidents API and the incident page turn an unreachable database into a 503 naming it
+    (Alertmanager retries a 5xx), like the read API; not a 500."""
+    import sqlite3
+
+    from sqlalchemy import event
+
+    from tests.support.alertmanager import alert, notification
+
+    engine = db.make_engine(db.default_url(tmp_path / "store"))
+    down = threading.Event()
+
+    @event.listens_for(engine, "do_connect")
+    def refuse(*_args: Any) -> None:
+        if down.is_set():
+            raise sqlite3.OperationalError("unable to open database file")
+
+    labels = {"engine": "vllm", "model": "llama", "instance": "10.0.0.5:9400", "severity": "page"}
+    group = {"alertname": "LLMPreemptionsSustained", "model": "llama"}
+    note = notification([alert("LLMPreemptionsSustained", labels, starts=T0)], group=group)
+    settings = CollectorSettings(data_dir=tmp_path, grpc_listen=None)
+    try:
+        with TestClient(create_app(settings, engine=engine)) as client:
+            assert client.post("/api/v1/alerts/webhook", json=note).status_code == 200
+            incident = client.get("/api/v1/incidents").json()["data"][0]["id"]
+            down.set()
+            engine.dispose()  # the pooled connections go: every new one fails
+            for method, path in (
+                ("GET", "/api/v1/incidents"),
+                ("GET", f"/api/v1/incidents/{incident}"),
+                ("GET", f"/incidents/{incident}"),
+                ("POST", "/api/v1/alerts/webhook"),
+            ):
+                r = client.request(method, path, json=note if method == "POST" else None)
+                assert r.status_code == 503, (path, r.status_code, r.text)
+                assert r.json()["detail"].startswith("database unavailable"), path
+            down.clear()
+            assert client.get(f"/api/v1/incidents/{incident}").status_code == 200
+    finally:
+        engine.dispose()

@@ -1,33 +1,48 @@
-"""Alertmanager's webhook (``POST /api/v1/alerts/webhook``), the incidents API and the incident page."""
+"""Alertmanager's webhook (``POST /api/v1/alerts/webhook``), the incidents API and the incident page.
+
+A database that cannot be reached or does not answer within its timeouts is a 503 naming the problem on every
+route, as on the read API (Alertmanager retries a webhook answered 5xx): never a 500, never a hang.
+"""
 
 from __future__ import annotations
 
-import asyncio
 import hmac
+from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Annotated, Any, Final, Literal
+from typing import Annotated, Any, Final, Literal, TypeVar
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
 from fastapi.responses import HTMLResponse
 
+from inferwatch.collector import store
 from inferwatch.collector.alerting import views
 from inferwatch.collector.alerting.enrich import incident_key
 from inferwatch.collector.alerting.page import render
 from inferwatch.collector.alerting.payload import AmNotification, PayloadError, parse
 from inferwatch.collector.deps import READ_RESPONSES, Bearer, CollectorDep, EngineDep, check_token, require_ingest
-from inferwatch.collector.routes.requests import parse_time
+from inferwatch.collector.routes.requests import DB_RESPONSES, parse_time, query
 from inferwatch.collector.schemas import ErrorBody
+from inferwatch.collector.service import Collector
+
+T = TypeVar("T")
 
 INGEST_RESPONSES: Final[dict[int | str, dict[str, Any]]] = {
     400: {"model": ErrorBody, "description": "Not an Alertmanager version-4 webhook payload (nothing stored)"},
     401: {"model": ErrorBody, "description": "No bearer token of the ingest scope"},
     413: {"model": ErrorBody, "description": "Body larger than the limit"},
+    **DB_RESPONSES,
 }
 MAX_ID: Final = 2**62
 
 webhook_router = APIRouter(tags=["alerts"])
-api_router = APIRouter(tags=["alerts"])
+api_router = APIRouter(tags=["alerts"], responses=DB_RESPONSES)
 page_router = APIRouter(tags=["alerts"])
+
+
+async def _db(fn: Callable[..., T], collector: Collector, **kwargs: Any) -> T:
+    """Run a blocking database function in a worker thread: 503 naming the problem when the database cannot be
+    reached or does not answer in time (a short deadline while the writer knows it to be down)."""
+    return await query(store.guarded(fn), collector=collector, **kwargs)
 
 
 def _inline(schema: dict[str, Any]) -> dict[str, Any]:
@@ -89,7 +104,7 @@ async def webhook(
         note = parse(bytes(body))
     except PayloadError as exc:
         raise HTTPException(status_code=400, detail=str(exc)) from None
-    intake = await asyncio.to_thread(collector.intaker.record, note, datetime.now(UTC))
+    intake = await _db(collector.intaker.record, collector, note=note, now=datetime.now(UTC))
     collector.alerts.wake()
     return views.WebhookAccepted(
         notification_id=intake.notification_id,
@@ -113,6 +128,7 @@ IncidentId = Annotated[int, Path(ge=1, lt=MAX_ID, description="the incident's id
     responses={**READ_RESPONSES, 400: {"model": ErrorBody, "description": "Invalid cursor or time"}},
 )
 async def list_incidents(
+    collector: CollectorDep,
     engine: EngineDep,
     status: Literal["firing", "resolved"] | None = None,
     since: Annotated[str | None, Query(description="ISO 8601: incidents updated since")] = None,
@@ -125,8 +141,8 @@ async def list_incidents(
     except views.InvalidCursor as exc:
         raise HTTPException(status_code=400, detail=str(exc)) from None
     start = parse_time(since, "since")
-    return await asyncio.to_thread(
-        views.list_incidents, engine=engine, status=status, since=start, limit=limit, offset=offset
+    return await _db(
+        views.list_incidents, collector, engine=engine, status=status, since=start, limit=limit, offset=offset
     )
 
 
@@ -135,9 +151,9 @@ async def list_incidents(
     dependencies=[Depends(_read)],
     responses={**READ_RESPONSES, 404: {"model": ErrorBody, "description": "No such incident"}},
 )
-async def get_incident(engine: EngineDep, incident_id: IncidentId) -> views.IncidentDetail:
+async def get_incident(collector: CollectorDep, engine: EngineDep, incident_id: IncidentId) -> views.IncidentDetail:
     """One incident: its alerts, timeline, enrichment, and each delivery with its attempts and last error."""
-    detail = await asyncio.to_thread(views.incident_detail, engine=engine, incident_id=incident_id)
+    detail = await _db(views.incident_detail, collector, engine=engine, incident_id=incident_id)
     if detail is None:
         raise HTTPException(status_code=404, detail=f"no incident {incident_id}")
     return detail
@@ -153,6 +169,7 @@ ERROR_JSON: Final = {"application/json": {"schema": {"$ref": "#/components/schem
         200: {"content": {"text/html": {"schema": {"type": "string"}}}, "description": "The incident page"},
         401: {"content": ERROR_JSON, "description": "Neither a read token nor the link's key"},
         404: {"content": ERROR_JSON, "description": "No such incident"},
+        503: {"content": ERROR_JSON, "description": "The database cannot be reached or did not answer in time"},
     },
 )
 async def incident_page(
@@ -168,7 +185,7 @@ async def incident_page(
     signed = key is not None and hmac.compare_digest(key.encode("utf-8", "surrogatepass"), expected)
     if not signed:
         check_token(collector, creds, "read")
-    detail = await asyncio.to_thread(views.incident_detail, engine=engine, incident_id=incident_id)
+    detail = await _db(views.incident_detail, collector, engine=engine, incident_id=incident_id)
     if detail is None:
         raise HTTPException(status_code=404, detail=f"no incident {incident_id}")
     return HTMLResponse(render(detail))

@@ -11,6 +11,9 @@ import typer
 from inferwatch.cli.common import err, fail, setup_logging
 from inferwatch.core.config import ConfigError
 
+MIGRATION_TIMEOUT_S = 24 * 3600.0
+"""The statement timeout of ``db upgrade``."""
+
 collector_app = typer.Typer(
     help="The collector: per-request LLM traces over OTLP (HTTP and gRPC) into a SQL request store.",
     no_args_is_help=True,
@@ -76,6 +79,7 @@ def collector_serve(
     import uvicorn
 
     from inferwatch.collector.app import create_app
+    from inferwatch.collector.datadir import DataDirInUse, DataDirLock
 
     setup_logging(log_level)
     settings = _collector_settings(
@@ -97,11 +101,17 @@ def collector_serve(
         max_connections=max_connections,
         keep_alive_timeout_seconds=keep_alive_timeout,
     )
+    lock = DataDirLock(settings.data_dir)
     try:
         settings.check_exposure()
+        lock.acquire()  # one collector per data directory: refused here, before anything touches the spool
         application = create_app(settings)
+    except DataDirInUse as exc:
+        raise fail(str(exc), code=3) from None
     except (ConfigError, ValueError) as exc:
+        lock.release()
         raise fail(str(exc)) from None
+    application.state.collector.lock = lock  # held until the collector stops
     from inferwatch.core.config import parse_listen
 
     host, port = parse_listen(settings.listen)
@@ -159,11 +169,13 @@ def db_upgrade(
     data_dir: Annotated[Path | None, typer.Option(help="Directory of the default SQLite file.")] = None,
     revision: Annotated[str, typer.Option(help="Target revision.")] = "head",
 ) -> None:
-    """Apply the collector's migrations."""
+    """Apply the collector's migrations (on PostgreSQL under the lock collectors take to migrate at start: it waits
+    for one that is migrating now)."""
     from inferwatch.collector import db
 
     settings = _collector_settings(database_url=database_url, data_dir=data_dir)
     settings.data_dir.mkdir(parents=True, exist_ok=True)
-    engine = db.make_engine(settings.url())
+    # a migration may wait for the lock, and rebuild the indexes of a large table, for a long time
+    engine = db.make_engine(settings.url(), db.DbTimeouts(statement=MIGRATION_TIMEOUT_S))
     db.upgrade(engine, revision)
     err.print(f"database at revision {db.current_revision(engine)}")

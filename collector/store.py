@@ -422,7 +422,7 @@ def _rollup_aggs(
         conds = [r.c.period_seconds == period, r.c.period_start >= a, *fcond]
         if b is not None:
             conds.append(r.c.period_start < b)
-        cols = [
+        rcols: list[Any] = [
             *([] if group_by == "none" else [r.c[group_by]]),
             r.c.requests,
             r.c.failed,
@@ -432,7 +432,7 @@ def _rollup_aggs(
             r.c[f"{GENERATION_TOKENS}_count"],
             *(c for f in STAT_FIELDS for c in (r.c[f"{f}_count"], r.c[f"{f}_sketch"])),
         ]
-        for row in conn.execute(select(*cols).where(*conds)).all():  # tuples, fetched at once
+        for row in conn.execute(select(*rcols).where(*conds)).all():  # tuples, fetched at once
             key = None if group_by == "none" else row[0]
             vals = row if group_by == "none" else row[1:]
             g = aggs.get(key)
@@ -680,7 +680,7 @@ def _raw_in_database(
 ) -> list[dict[str, Any]]:
     """PostgreSQL's own ordered-set aggregate over the window's rows: one statement, nothing sorted here."""
     t = REQUEST_TABLE
-    qs = literal_column("ARRAY[" + ", ".join(repr(q) for q in PERCENTILES) + "]::float8[]")
+    qs: ColumnElement[Any] = literal_column("ARRAY[" + ", ".join(repr(q) for q in PERCENTILES) + "]::float8[]")
     failed = case((rollup.failed_condition(), 1), else_=0)
     cols: list[Any] = [*group_col, func.count(), func.sum(failed), func.sum(t.c[PROMPT_TOKENS]),
                        func.count(t.c[PROMPT_TOKENS]), func.sum(t.c[GENERATION_TOKENS]),

@@ -21,6 +21,7 @@ from inferwatch.collector.app import create_app
 from inferwatch.collector.config import CollectorSettings
 from inferwatch.collector.models import ROLLUP_STATE_TABLE, ROLLUP_TABLE
 from inferwatch.collector.record import RequestRecord
+from inferwatch.collector.schemas import Stats
 from inferwatch.core.schema import E2E, QUEUE, TPOT, TTFT
 from tests.conftest import postgres_schema
 
@@ -93,7 +94,7 @@ def brute(rows: list[RequestRecord], since: datetime, until: datetime | None, gr
     return out
 
 
-def answer(stats: store.Stats, group_by: str) -> Any:
+def answer(stats: Stats, group_by: str) -> Any:
     out = {}
     for g in stats.data:
         entry: dict[str, Any] = {"requests": g.requests, "failed": g.failed}
@@ -214,7 +215,7 @@ def test_every_plan_is_exact_on_every_window(engine: Engine, group_by: str) -> N
         for plan in ("raw", "scan", "index", "walk", None):
             got = store.compute_stats(
                 engine=engine, window=timedelta(hours=1), since=since, until=until, group_by=group_by,  # type: ignore[arg-type]
-                now=NOW, plan=plan,  # type: ignore[arg-type]
+                now=NOW, plan=plan,
             )  # fmt: skip
             assert answer(got, group_by) == expected, (since, until, plan)
             assert all(getattr(g, f).exact for g in got.data for f in FIELDS)
@@ -230,7 +231,7 @@ def test_filters_narrow_every_plan(engine: Engine) -> None:
         for plan in ("raw", "scan", "index", "sketch", None):
             got = store.compute_stats(
                 engine=engine, window=timedelta(days=2), group_by="instance", now=NOW,
-                filters=store.StatsFilter(**filters), plan=plan,  # type: ignore[arg-type]
+                filters=store.StatsFilter(**filters), plan=plan,
             )  # fmt: skip
             assert {k: v["requests"] for k, v in answer(got, "instance").items()} == {
                 k: v["requests"] for k, v in expected.items()
@@ -246,8 +247,8 @@ def test_sketched_percentiles_are_within_the_bound_of_the_exact_ones(engine: Eng
     rollup.catch_up(engine)
     for group_by in ("none", "model", "instance"):
         for window in (timedelta(hours=6), timedelta(days=4)):
-            exact = store.compute_stats(engine=engine, window=window, group_by=group_by, now=NOW, mode="exact")  # type: ignore[arg-type]
-            sketched = store.compute_stats(engine=engine, window=window, group_by=group_by, now=NOW, mode="sketch")  # type: ignore[arg-type]
+            exact = store.compute_stats(engine=engine, window=window, group_by=group_by, now=NOW, mode="exact")
+            sketched = store.compute_stats(engine=engine, window=window, group_by=group_by, now=NOW, mode="sketch")
             assert sketched.plan == "sketch" and exact.plan in ("raw", "scan", "index")
             for e, s in zip(exact.data, sketched.data, strict=True):
                 assert (e.requests, e.failed, e.prompt_tokens) == (s.requests, s.failed, s.prompt_tokens)

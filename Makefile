@@ -51,6 +51,7 @@ bench: $(STAMP) ## benchmarks (non-zero exit when a target is missed)
 	$(PY) -m bench.exporter
 	$(PY) -m bench.exporter_fleet
 	$(PY) -m bench.collector
+	$(PY) -m bench.retention
 	$(PY) -m bench.stats --quick
 	$(PY) -m bench.diagnose
 	$(PY) -m bench.proxy

@@ -1,4 +1,4 @@
-"""Benchmark: collector ingest end to end against the database driver's own fast path, and /stats at scale.
+"""Benchmark: collector ingest end to end against the database driver's own fast path.
 
 1. Limit: the rows of 100k ``llm_request`` spans (mapped and prepared beforehand, not timed) inserted by the
    driver's fast path alone, 512 per transaction, into a fresh store: SQLite ``executemany`` of tuples on a raw
@@ -11,8 +11,7 @@
    stored. **Targets: >= 0.8x the limit on SQLite, >= 0.7x on PostgreSQL** (the local server, a scratch
    schema). Limit and end to end are measured in interleaved rounds (``--rounds``), the best of each side
    compared, so that a busy moment of the shared machine does not decide the ratio.
-3. ``/api/v1/stats`` exact percentiles over 1M stored rows on SQLite (target < 1 s), and how it scales
-   (``--stats-rows 0``: skipped).
+(``/api/v1/stats`` at scale: bench/stats.py.)
 
 ``--ingest-processes N`` sets the collector's worker processes, ``--replicas K`` runs K collector processes on
 one store with the bodies dealt out between them (the design of several processes sharing the listen
@@ -35,7 +34,7 @@ import threading
 import time
 import uuid
 from collections.abc import Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -44,20 +43,18 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, InstrumentationScope, KeyValue
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
-from sqlalchemy import insert, make_url, text
+from sqlalchemy import make_url, text
 
 from inferwatch.collector import db
 from inferwatch.collector.models import REQUEST_TABLE
 from inferwatch.collector.rows import ROW_COLUMNS, Row, prepare, sqlite_time
 from inferwatch.collector.sources import map_export
-from inferwatch.collector.store import compute_stats
 from inferwatch.core import vocabulary as V
 from inferwatch.demo import free_ports
 
 ROOT = Path(__file__).resolve().parent.parent
 SPANS = ROOT / "tests" / "fixtures" / "otlp" / "vllm-0.32.0-cpu" / "spans.json"
 TARGETS = {"sqlite": 0.8, "postgresql": 0.7}
-STATS_TARGET_SECONDS = 1.0
 PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 TABLE = REQUEST_TABLE.name
 COLUMNS = ", ".join(ROW_COLUMNS)
@@ -339,52 +336,6 @@ def send(urls: list[str], body_file: Path, senders: int) -> None:
         raise SystemExit(failures[0])
 
 
-def stats_scaling(tmp: Path, sizes: list[int]) -> list[tuple[int, float]]:
-    """Seconds of compute_stats (4 fields x 4 exact percentiles, goodput) over ``size`` rows."""
-    engine = db.make_engine(db.default_url(tmp))
-    db.ensure_schema(engine)
-    table = REQUEST_TABLE
-    rng = random.Random(1)
-    now = datetime.now(UTC)
-    out = []
-    have = 0
-    for size in sizes:
-        rows = []
-        for i in range(have, size):
-            e2e = rng.lognormvariate(0, 0.5)
-            rows.append(
-                {
-                    "trace_id": uuid.UUID(int=i).hex,
-                    "span_id": f"{i:016x}",
-                    "engine": "vllm",
-                    "model": f"m{i % 4}",
-                    "start_time": now - timedelta(seconds=i % 3000),
-                    "end_time": now,
-                    "received_at": now,
-                    "time_to_first_token": e2e * 0.3,
-                    "time_per_output_token": 0.01 + rng.random() * 0.02,
-                    "request_duration": e2e,
-                    "request_queue": e2e * 0.1,
-                    "prompt_tokens": 200,
-                    "generation_tokens": 100,
-                    "ttft_derived": False,
-                    "attributes": {},
-                }
-            )
-        with engine.begin() as conn:
-            for j in range(0, len(rows), 5000):
-                conn.execute(insert(table), rows[j : j + 5000])
-        have = size
-        with engine.connect() as conn:
-            conn.execute(text("ANALYZE"))
-        t = time.perf_counter()
-        compute_stats(
-            engine=engine, window=timedelta(hours=1), slos={"time_to_first_token": 0.5, "request_duration": 2.0}
-        )
-        out.append((size, time.perf_counter() - t))
-    return out
-
-
 def measure(backend: str, tmp: Path, bodies: list[bytes], args: argparse.Namespace, reset: Any) -> tuple[float, float]:
     """Best-of-rounds limit and end-to-end rows/s (interleaved), each on a fresh store (``reset(path)``: a new
     directory for SQLite, a new schema's URL for PostgreSQL)."""
@@ -428,7 +379,6 @@ def main() -> int:
     parser.add_argument("--ingest-processes", type=int, default=None, help="the collector's worker processes")
     parser.add_argument("--replicas", type=int, default=1, help="collector processes on one store")
     parser.add_argument("--collector-root", default=None, help="run the collector of another checkout")
-    parser.add_argument("--stats-rows", type=int, default=1_000_000)
     parser.add_argument("--send", help=argparse.SUPPRESS)
     parser.add_argument("--bodies", help=argparse.SUPPRESS)
     parser.add_argument("--no-postgres", action="store_true")
@@ -480,15 +430,6 @@ def main() -> int:
                     for schema in schemas:
                         conn.execute(text(f"DROP SCHEMA IF EXISTS {schema} CASCADE"))
                 admin.dispose()
-        if args.stats_rows:
-            sizes = sorted({args.stats_rows // 4, args.stats_rows // 2, args.stats_rows})
-            (tmp / "stats").mkdir()
-            for size, seconds in stats_scaling(tmp / "stats", sizes):
-                print(
-                    f"/api/v1/stats (exact p50/p90/p95/p99 of 4 fields + goodput) over {size:,} rows: {seconds:.3f} s"
-                )
-                last = seconds
-            failed |= last > STATS_TARGET_SECONDS
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     if failed:

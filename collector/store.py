@@ -156,6 +156,7 @@ class RequestFilter:
     instance: str | None = None
     finish_reason: str | None = None
     lora_adapter: str | None = None
+    service: str | None = None
     since: datetime | None = None
     until: datetime | None = None
     min_ttft: float | None = None
@@ -177,6 +178,7 @@ class RequestFilter:
                 ("instance", self.instance),
                 ("finish_reason", self.finish_reason),
                 ("lora_adapter", self.lora_adapter),
+                ("service", self.service),
             )
             if value is not None
         ]

@@ -183,6 +183,8 @@ def test_official_sdk_exporters_http_and_grpc(settings: CollectorSettings) -> No
         r = httpx.get(f"{url}/api/v1/requests", params={"limit": 100}).json()
         services = sorted({row["service"] for row in r["data"]})
         assert r["count"] == 10 and services == ["sdk-grpc", "sdk-http"]
+        only = httpx.get(f"{url}/api/v1/requests", params={"limit": 100, "service": "sdk-grpc"}).json()
+        assert only["count"] == 5 and {row["service"] for row in only["data"]} == {"sdk-grpc"}
         for row in r["data"]:
             assert row[R.TTFT] in {s["attributes"]["gen_ai.latency.time_to_first_token"] for s in real_spans()}
 

@@ -73,6 +73,9 @@ async def list_requests(
     instance: str | None = None,
     finish_reason: str | None = None,
     lora_adapter: Annotated[str | None, Query(description="only requests served by this LoRA adapter")] = None,
+    service: Annotated[
+        str | None, Query(description="only requests whose spans came from this service (e.g. inferwatch-proxy)")
+    ] = None,
     since: Annotated[str | None, Query(description="ISO 8601 start of the time range")] = None,
     until: Annotated[str | None, Query(description="ISO 8601 end of the time range")] = None,
     min_ttft: Annotated[float | None, Query(ge=0, allow_inf_nan=False, description="seconds")] = None,
@@ -90,6 +93,7 @@ async def list_requests(
             instance=instance,
             finish_reason=finish_reason,
             lora_adapter=lora_adapter,
+            service=service,
             since=parse_time(since, "since"),
             until=parse_time(until, "until"),
             min_ttft=min_ttft,

@@ -22,9 +22,7 @@ same run). Prints every figure; exits 1 when a target is missed.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import random
 import shutil
 import sqlite3
 import subprocess
@@ -40,9 +38,6 @@ from typing import Any
 
 import httpx
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-from opentelemetry.proto.common.v1.common_pb2 import AnyValue, InstrumentationScope, KeyValue
-from opentelemetry.proto.resource.v1.resource_pb2 import Resource
-from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
 from sqlalchemy import make_url, text
 
 from inferwatch.collector import db
@@ -51,61 +46,14 @@ from inferwatch.collector.rows import ROW_COLUMNS, Row, prepare, sqlite_time
 from inferwatch.collector.sources import map_export
 from inferwatch.core import vocabulary as V
 from inferwatch.demo import free_ports
+from tests.support.spans import build_bodies
 
 ROOT = Path(__file__).resolve().parent.parent
-SPANS = ROOT / "tests" / "fixtures" / "otlp" / "vllm-0.32.0-cpu" / "spans.json"
 TARGETS = {"sqlite": 0.8, "postgresql": 0.7}
 PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 TABLE = REQUEST_TABLE.name
 COLUMNS = ", ".join(ROW_COLUMNS)
 CONFLICT = "ON CONFLICT (trace_id, span_id) DO NOTHING"
-
-
-def _kv(key: str, value: Any) -> KeyValue:
-    if isinstance(value, bool):
-        return KeyValue(key=key, value=AnyValue(bool_value=value))
-    if isinstance(value, int):
-        return KeyValue(key=key, value=AnyValue(int_value=value))
-    if isinstance(value, float):
-        return KeyValue(key=key, value=AnyValue(double_value=value))
-    return KeyValue(key=key, value=AnyValue(string_value=str(value)))
-
-
-def build_bodies(n: int, batch: int, seed: int = 0) -> list[bytes]:
-    """``n`` vLLM-shaped llm_request spans (the real capture's attributes, fresh ids), ``batch`` per body."""
-    templates = [s for s in json.loads(SPANS.read_text()) if s["name"] == "llm_request"]
-    rng = random.Random(seed)
-    t0 = int(time.time() * 1e9) - n * 1_000_000
-    bodies = []
-    for start in range(0, n, batch):
-        spans = []
-        for i in range(start, min(n, start + batch)):
-            tpl = templates[i % len(templates)]
-            attrs = dict(tpl["attributes"])
-            attrs["gen_ai.request.id"] = f"cmpl-{i:012x}-0"
-            begin = t0 + i * 1_000_000
-            spans.append(
-                Span(
-                    trace_id=rng.randbytes(16),
-                    span_id=rng.randbytes(8),
-                    name="llm_request",
-                    kind=Span.SPAN_KIND_SERVER,
-                    start_time_unix_nano=begin,
-                    end_time_unix_nano=begin + int(attrs["gen_ai.latency.e2e"] * 1e9),
-                    attributes=[_kv(k, v) for k, v in attrs.items()],
-                    flags=256,
-                )
-            )
-        req = ExportTraceServiceRequest(
-            resource_spans=[
-                ResourceSpans(
-                    resource=Resource(attributes=[_kv("service.name", "bench"), _kv("service.instance.id", "b-0")]),
-                    scope_spans=[ScopeSpans(scope=InstrumentationScope(name="vllm.tracing.otel"), spans=spans)],
-                )
-            ]
-        )
-        bodies.append(req.SerializeToString())
-    return bodies
 
 
 def prepared_rows(bodies: list[bytes], dialect: str) -> list[Row]:
@@ -260,8 +208,9 @@ def end_to_end(
                 f.write(len(b).to_bytes(4, "big") + b)
         before = [tree_cpu(p.pid) for p in collectors.procs]
         t = time.perf_counter()
-        cmd = [sys.executable, __file__, "--send", ",".join(u + "/v1/traces" for u in collectors.bases)]
-        sender = subprocess.Popen([*cmd, "--bodies", str(body_file), "--senders", str(senders)])
+        # as a module from the repository root: bench.collector imports tests.support
+        cmd = [sys.executable, "-m", "bench.collector", "--send", ",".join(u + "/v1/traces" for u in collectors.bases)]
+        sender = subprocess.Popen([*cmd, "--bodies", str(body_file), "--senders", str(senders)], cwd=ROOT)
         try:
             while collectors.stored() < n:
                 if sender.poll() not in (None, 0):

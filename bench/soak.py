@@ -18,8 +18,6 @@ end of the warm-up (the first quarter) and the end; 2 when the collector could n
 from __future__ import annotations
 
 import argparse
-import json
-import random
 import shutil
 import signal
 import statistics
@@ -30,79 +28,21 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import httpx
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-    ExportTraceServiceRequest,
     ExportTraceServiceResponse,
 )
-from opentelemetry.proto.common.v1.common_pb2 import AnyValue, InstrumentationScope, KeyValue
-from opentelemetry.proto.resource.v1.resource_pb2 import Resource
-from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
 from sqlalchemy import select
 
 from inferwatch.collector import db
 from inferwatch.collector.models import REQUEST_TABLE
 from inferwatch.core import vocabulary as V
 from inferwatch.demo import free_ports
+from tests.support.spans import SpanBodies
 
 ROOT = Path(__file__).resolve().parent.parent
-SPANS = ROOT / "tests" / "fixtures" / "otlp" / "vllm-0.32.0-cpu" / "spans.json"
 PB = "application/x-protobuf"
-
-
-def _kv(key: str, value: Any) -> KeyValue:
-    if isinstance(value, bool):
-        return KeyValue(key=key, value=AnyValue(bool_value=value))
-    if isinstance(value, int):
-        return KeyValue(key=key, value=AnyValue(int_value=value))
-    if isinstance(value, float):
-        return KeyValue(key=key, value=AnyValue(double_value=value))
-    return KeyValue(key=key, value=AnyValue(string_value=str(value)))
-
-
-class Bodies:
-    """Export bodies of fresh vLLM-shaped spans, thread-safe; span ids are a counter (unique per run)."""
-
-    def __init__(self, seed: int = 0) -> None:
-        self.templates = [s for s in json.loads(SPANS.read_text()) if s["name"] == "llm_request"]
-        self.rng = random.Random(seed)
-        self.lock = threading.Lock()
-        self.next = 1
-
-    def make(self, n: int, replica: int) -> tuple[bytes, list[str]]:
-        with self.lock:
-            first, self.next = self.next, self.next + n
-            trace = self.rng.randbytes(16)
-        now = time.time_ns()
-        spans, ids = [], []
-        for i in range(first, first + n):
-            attrs = dict(self.templates[i % len(self.templates)]["attributes"])
-            attrs["gen_ai.request.id"] = f"cmpl-{i}"
-            sid = i.to_bytes(8, "big")
-            ids.append(sid.hex())
-            spans.append(
-                Span(
-                    trace_id=trace,
-                    span_id=sid,
-                    name="llm_request",
-                    kind=Span.SPAN_KIND_SERVER,
-                    start_time_unix_nano=now - int(float(attrs["gen_ai.latency.e2e"]) * 1e9),
-                    end_time_unix_nano=now,
-                    attributes=[_kv(k, v) for k, v in attrs.items()],
-                )
-            )
-        resource = Resource(attributes=[_kv("service.name", "soak"), _kv("service.instance.id", f"replica-{replica}")])
-        req = ExportTraceServiceRequest(
-            resource_spans=[
-                ResourceSpans(
-                    resource=resource,
-                    scope_spans=[ScopeSpans(scope=InstrumentationScope(name="vllm.tracing.otel"), spans=spans)],
-                )
-            ]
-        )
-        return req.SerializeToString(), ids
 
 
 @dataclass
@@ -116,12 +56,12 @@ class Tally:
 
 
 def sender(
-    base: str, bodies: Bodies, tally: Tally, stop: threading.Event, interval: float, replica: int, n: int
+    base: str, bodies: SpanBodies, tally: Tally, stop: threading.Event, interval: float, replica: int, n: int
 ) -> None:
     with httpx.Client(base_url=base, timeout=15) as client:
         next_at = time.monotonic()
         while not stop.is_set():
-            body, ids = bodies.make(n, replica)
+            body, ids = bodies.body(n, instance=f"replica-{replica}")
             started = time.monotonic()
             outcome: int | str
             try:
@@ -200,7 +140,7 @@ def main() -> int:
         print(f"soak: {exc}", file=sys.stderr)
         shutil.rmtree(tmp, ignore_errors=True)
         return 2
-    bodies = Bodies()
+    bodies = SpanBodies(service="soak")
     tally = Tally()
     stop = threading.Event()
     interval = args.senders * args.per_body / args.rate

@@ -16,7 +16,6 @@ Process tests bind 127.0.0.1 on free ports and stop what they start.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import random
 import signal
@@ -37,8 +36,6 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
 )
-from opentelemetry.proto.common.v1.common_pb2 import AnyValue, InstrumentationScope, KeyValue
-from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
 from sqlalchemy import Engine, create_engine, func, make_url, select, text
 from sqlalchemy.exc import IntegrityError, OperationalError
@@ -56,67 +53,14 @@ from inferwatch.collector.writer import Writer, record_from_json
 from inferwatch.core import vocabulary as V
 from tests.conftest import ROOT, free_port, postgres_schema, served_in_thread
 from tests.helpers import value
+from tests.support.spans import SpanBodies
 from tests.support.tcp_proxy import TcpProxy
 
 PB = "application/x-protobuf"
-SPANS = ROOT / "tests" / "fixtures" / "otlp" / "vllm-0.32.0-cpu" / "spans.json"
 T0 = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
 
 
 # --- helpers -------------------------------------------------------------------------------------------------------
-
-
-def _kv(key: str, v: Any) -> KeyValue:
-    if isinstance(v, bool):
-        return KeyValue(key=key, value=AnyValue(bool_value=v))
-    if isinstance(v, int):
-        return KeyValue(key=key, value=AnyValue(int_value=v))
-    if isinstance(v, float):
-        return KeyValue(key=key, value=AnyValue(double_value=v))
-    return KeyValue(key=key, value=AnyValue(string_value=str(v)))
-
-
-class SpanFactory:
-    """vLLM ``llm_request`` spans (the real capture's attributes), each with a fresh span id."""
-
-    def __init__(self, seed: int = 0) -> None:
-        self.templates = [s for s in json.loads(SPANS.read_text()) if s["name"] == "llm_request"]
-        self.rng = random.Random(seed)
-        self.lock = threading.Lock()
-        self.next = 1
-
-    def body(self, n: int, **overrides: Any) -> tuple[bytes, list[str]]:
-        with self.lock:
-            first, self.next = self.next, self.next + n
-            trace = self.rng.randbytes(16)
-        now = time.time_ns()
-        spans, ids = [], []
-        for i in range(first, first + n):
-            attrs = dict(self.templates[i % len(self.templates)]["attributes"])
-            attrs["gen_ai.request.id"] = f"cmpl-{i}"
-            attrs.update(overrides)
-            sid = i.to_bytes(8, "big")
-            ids.append(sid.hex())
-            spans.append(
-                Span(
-                    trace_id=trace,
-                    span_id=sid,
-                    name="llm_request",
-                    kind=Span.SPAN_KIND_SERVER,
-                    start_time_unix_nano=now - int(float(attrs["gen_ai.latency.e2e"]) * 1e9),
-                    end_time_unix_nano=now,
-                    attributes=[_kv(k, v) for k, v in attrs.items()],
-                )
-            )
-        req = ExportTraceServiceRequest(
-            resource_spans=[
-                ResourceSpans(
-                    resource=Resource(attributes=[_kv("service.name", "durability"), _kv("service.instance.id", "d")]),
-                    scope_spans=[ScopeSpans(scope=InstrumentationScope(name="vllm.tracing.otel"), spans=spans)],
-                )
-            ]
-        )
-        return req.SerializeToString(), ids
 
 
 def record(i: int, **values: Any) -> RequestRecord:
@@ -351,8 +295,8 @@ def test_an_out_of_range_token_count_over_http_is_a_partial_success(backend: str
         url = None if backend == "sqlite" else stack.enter_context(postgres_schema("iw_dur"))
         settings = CollectorSettings(data_dir=tmp_path, grpc_listen=None, database_url=url)
         client = stack.enter_context(TestClient(create_app(settings)))
-        factory = SpanFactory()
-        body, _ = factory.body(3, **{"gen_ai.usage.prompt_tokens": str(2**64)})
+        factory = SpanBodies(service="durability", instance="d")
+        body, _ = factory.body(3, overrides={"gen_ai.usage.prompt_tokens": str(2**64)})
         good, good_ids = factory.body(2)
         for payload, rejected in ((body, 3), (good, 0)):
             r = client.post("/v1/traces", content=payload, headers={"content-type": PB})
@@ -496,7 +440,7 @@ class Load:
         self.base = base
         self.per_body = per_body
         self.interval = senders * per_body / rate
-        self.factory = SpanFactory(seed=7)
+        self.factory = SpanBodies(seed=7, service="durability", instance="d")
         self.acked: set[str] = set()
         self.sent = 0
         self.failed = 0
@@ -591,7 +535,7 @@ def test_postgres_partition_spools_answers_503_and_recovers(tmp_path: Path) -> N
             db_pool_timeout_seconds=2,
             ingest_timeout_seconds=8,
         )
-        factory = SpanFactory(seed=11)
+        factory = SpanBodies(seed=11, service="durability", instance="d")
         acked: set[str] = set()
         direct = db.make_engine(direct_url)
         app = create_app(settings)
@@ -753,7 +697,7 @@ def test_a_slow_disk_does_not_starve_readyz_or_the_read_api(tmp_path: Path, monk
         real_fsync(fd)
 
     settings = CollectorSettings(data_dir=tmp_path, grpc_listen=None)
-    factory = SpanFactory(seed=5)
+    factory = SpanBodies(seed=5, service="durability", instance="d")
     app = create_app(settings)
     with served_in_thread(app) as base, httpx.Client(base_url=base, timeout=60) as http:
         assert http.get("/readyz").status_code == 200

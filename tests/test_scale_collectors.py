@@ -55,7 +55,6 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 from sqlalchemy import Engine, create_engine, select, text, tuple_
 from sqlalchemy.pool import NullPool
 
-from bench.collector import build_bodies
 from inferwatch.collector.config import CollectorSettings
 from inferwatch.collector.models import REQUEST_TABLE
 from inferwatch.core import vocabulary as V
@@ -63,6 +62,7 @@ from inferwatch.demo import free_ports
 from tests.conftest import postgres_schema
 from tests.helpers import value
 from tests.support.haproxy import SERVED_BY, BalancerConfig, HAProxy, Server, haproxy_binary
+from tests.support.spans import build_bodies
 from tests.support.stack import Processes, collector_cmd
 
 REPLICAS: Final = 3
@@ -93,9 +93,9 @@ class Export:
 class SpanSource:
     """Export number ``i``: 64 vLLM ``llm_request`` spans with fresh trace and span ids (and request ids).
 
-    The templates are bench/collector.py's bodies (the real vLLM capture's attributes); copying one and
-    giving it new ids costs a fraction of a millisecond, so exporters can make exports for as long as a
-    test needs load.
+    The templates are the bodies bench/collector.py sends (``tests.support.spans.build_bodies``: the real vLLM
+    capture's attributes); copying one and giving it new ids costs a fraction of a millisecond, so exporters can
+    make exports for as long as a test needs load.
     """
 
     TEMPLATES: Final = 8

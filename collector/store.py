@@ -17,9 +17,11 @@ import json
 import logging
 import math
 import re
+import threading
 from bisect import bisect_left
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, fields
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final, Literal, ParamSpec, TypeVar
@@ -28,7 +30,9 @@ from sqlalchemy import (
     Column,
     Connection,
     Engine,
+    Row,
     RowMapping,
+    TextClause,
     and_,
     bindparam,
     case,
@@ -38,6 +42,7 @@ from sqlalchemy import (
     select,
     text,
 )
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql.elements import ColumnElement
 
 from inferwatch.collector import db, rollup, sketch
@@ -562,12 +567,14 @@ def _pick_by_index(
     group_by: GroupBy,
     aggs: dict[Any, _Agg],
     targets: list[list[Target]],
+    helper: SnapshotHelper | None = None,
 ) -> dict[tuple[Any, int, str], float]:
     """The values at the targets, each bucket read in order from the field's covering (latency, end time,
     engine, model, instance) index: a range of the whole table, filtered by the window inside the index, each
     group's rows numbered there (and counted: they must be the rollups' count). One statement per field, a
     ``UNION ALL`` of its buckets, written out here: building a hundred Core expressions cost more than the
-    database's work."""
+    database's work. With a ``helper`` (PostgreSQL), a second connection in the same snapshot shares the
+    statements."""
     t = REQUEST_TABLE
     params: dict[str, Any] = {"start": w.start}
     binds = [bindparam("start", type_=t.c.end_time.type)]
@@ -587,6 +594,7 @@ def _pick_by_index(
     g = "NULL" if group_by == "none" else group_by
     part = "" if group_by == "none" else f"PARTITION BY {group_by} "
     out: dict[tuple[Any, int, str], float] = {}
+    stmts: list[tuple[int, TextClause]] = []
     for j, ts in enumerate(targets):
         if not ts:
             continue
@@ -616,14 +624,76 @@ def _pick_by_index(
                 f"row_number() OVER ({part}ORDER BY {col}) AS rn, count(*) OVER ({part.strip()}) AS n "
                 f"FROM {t.name} WHERE {' AND '.join(conds)}) AS x{b} WHERE rn IN ({ranks})"
             )
-        stmt = text(" UNION ALL ".join(members)).bindparams(*binds)
-        have = {(row.b, row.g, row.rn): (float(row.v), int(row.n)) for row in conn.execute(stmt, params).all()}
-        for key, b, rank, name in ts:
+        stmts.append((j, text(" UNION ALL ".join(members)).bindparams(*binds)))
+    results = _execute_all(conn, [stmt for _, stmt in stmts], params, helper)
+    for (j, _), rows in zip(stmts, results, strict=True):
+        have = {(row.b, row.g, row.rn): (float(row.v), int(row.n)) for row in rows}
+        for key, b, rank, name in targets[j]:
             found = have.get((b, key, rank + 1))
             if found is None or found[1] != aggs[key].hists[j].counts[b]:
-                raise _Inconsistent(f"{col} bucket {b} of {key!r}: the table disagrees with the rollups")
+                raise _Inconsistent(f"{STAT_FIELDS[j]} bucket {b} of {key!r}: the table disagrees with the rollups")
             out[(key, j, name)] = found[0]
     return out
+
+
+SnapshotHelper = Callable[[], AbstractContextManager[Connection | None]]
+"""A second connection in the same snapshot as the first (PostgreSQL), or None where there is none."""
+
+
+def _execute_all(
+    conn: Connection, stmts: list[TextClause], params: dict[str, Any], helper: SnapshotHelper | None
+) -> list[Sequence[Row[Any]]]:
+    """The statements' rows, in order: on ``conn`` alone, or shared with a second connection in the same
+    snapshot (both cores for the database's work), each taking the next statement when it is free."""
+    results: list[Sequence[Row[Any]] | None] = [None] * len(stmts)
+    if helper is None or len(stmts) < 2:
+        return [conn.execute(stmt, params).all() for stmt in stmts]
+    todo = iter(range(len(stmts)))
+    lock = threading.Lock()
+
+    def drain(c: Connection) -> None:
+        while True:
+            with lock:
+                k = next(todo, None)
+            if k is None:
+                return
+            results[k] = c.execute(stmts[k], params).all()
+
+    def second() -> None:
+        with helper() as other:
+            if other is not None:
+                drain(other)
+
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="stats") as pool:
+        fut = pool.submit(contextvars.copy_context().run, second)
+        drain(conn)
+        fut.result()
+    done = [r for r in results if r is not None]
+    assert len(done) == len(stmts)  # every statement was taken, and a failed one raised
+    return done
+
+
+@contextmanager
+def _snapshot_connection(engine: Engine, snapshot: str) -> Iterator[Connection | None]:
+    """A connection of ``engine`` in the exported ``snapshot`` (PostgreSQL's ``SET TRANSACTION SNAPSHOT``), or
+    None when it cannot join it (the caller's connection then runs everything)."""
+    try:
+        with engine.connect() as c:
+            c = c.execution_options(isolation_level="REPEATABLE READ")
+            try:
+                c.exec_driver_sql(f"SET TRANSACTION SNAPSHOT '{snapshot}'")
+            except DBAPIError as exc:
+                log.debug("stats: no second connection in the snapshot (%s)", exc)
+                c.rollback()
+                yield None
+                return
+            try:
+                yield c
+            finally:
+                c.rollback()
+    except DBAPIError as exc:
+        log.debug("stats: no second connection (%s)", exc)
+        yield None
 
 
 def _raw(
@@ -879,8 +949,12 @@ def compute_stats(
                     else:
                         share = n_window / max(1, int(ids[1]) - int(ids[0]) + 1)
                         chosen = "scan" if share < SCAN_SHARE else "index"
+                helper: SnapshotHelper | None = None
+                if postgres and chosen == "index":
+                    snapshot = str(conn.exec_driver_sql("SELECT pg_export_snapshot()").scalar_one())
+                    helper = functools.partial(_snapshot_connection, engine, snapshot)
                 try:
-                    entries = _from_aggs(conn, w, filters, group_by, aggs, chosen)
+                    entries = _from_aggs(conn, w, filters, group_by, aggs, chosen, helper)
                 except _Inconsistent as exc:
                     log.warning("stats: rollups disagree with the table (%s); answering by index walks", exc)
                     chosen = "walk"
@@ -909,14 +983,20 @@ def compute_stats(
 
 
 def _from_aggs(
-    conn: Connection, w: _Window, filters: StatsFilter, group_by: GroupBy, aggs: dict[Any, _Agg], plan: Plan
+    conn: Connection,
+    w: _Window,
+    filters: StatsFilter,
+    group_by: GroupBy,
+    aggs: dict[Any, _Agg],
+    plan: Plan,
+    helper: SnapshotHelper | None = None,
 ) -> list[dict[str, Any]]:
     targets = _targets(aggs)
     picked: dict[tuple[Any, int, str], float] = {}
     if plan == "scan":
         picked = _pick_by_scan(conn, w, filters, group_by, aggs, targets)
     elif plan == "index":
-        picked = _pick_by_index(conn, w, filters, group_by, aggs, targets)
+        picked = _pick_by_index(conn, w, filters, group_by, aggs, targets, helper)
     else:
         for j, ts in enumerate(targets):
             for key, b, _, name in ts:

@@ -5,6 +5,7 @@ time), every plan of compute_stats against a brute-force answer, sketched agains
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import random
 import threading
 from collections.abc import Iterator
@@ -238,6 +239,46 @@ def test_filters_narrow_every_plan(engine: Engine) -> None:
             }
             if plan != "sketch":
                 assert answer(got, "instance") == expected
+
+
+@pytest.fixture
+def pg_engine() -> Iterator[Engine]:
+    with postgres_schema("iw_st") as url:
+        eng = db.make_engine(url)
+        db.ensure_schema(eng)
+        yield eng
+        eng.dispose()
+
+
+def test_the_index_plan_shares_its_statements_with_a_second_connection_in_the_same_snapshot(
+    pg_engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PostgreSQL: a second connection joins the exported snapshot and takes statements; rows committed after the
+    snapshot are seen by neither (the answer is the snapshot's); one that cannot join leaves all to the first."""
+    engine = pg_engine
+    rows = make_rows(2000)
+    db.insert_records(engine, rows)
+    rollup.catch_up(engine)
+    since = NOW - timedelta(days=2)
+    expected = brute(rows, since, None, "model")
+    joined: list[bool] = []
+    real = store._snapshot_connection
+
+    @contextlib.contextmanager
+    def spying(eng: Engine, snapshot: str) -> Iterator[Any]:
+        # a row that ends in the window, committed after the snapshot was exported: invisible to both sides
+        late = make_rows(1, seed=99, start=10_000)[0]
+        end = NOW - timedelta(hours=1)
+        db.insert_records(eng, [dataclasses.replace(late, start_time=end - timedelta(seconds=1), end_time=end)])
+        with real(eng, snapshot) as c:
+            joined.append(c is not None)
+            yield c
+
+    monkeypatch.setattr(store, "_snapshot_connection", spying)
+    got = store.compute_stats(engine=engine, window=timedelta(days=2), group_by="model", now=NOW, plan="index")
+    assert joined == [True] and answer(got, "model") == expected
+    with real(engine, "00000003-0000001B-1") as c:  # not an exported snapshot: no second connection
+        assert c is None
 
 
 def test_sketched_percentiles_are_within_the_bound_of_the_exact_ones(engine: Engine) -> None:

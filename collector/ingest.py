@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
@@ -37,7 +38,7 @@ from prometheus_client import CollectorRegistry, Gauge
 from prometheus_client import Counter as MetricCounter
 
 from inferwatch.collector.otlp import DEFAULT_MAX_BODY
-from inferwatch.collector.prepare import PreparedExport, prepare_body, prepare_export, warm_up
+from inferwatch.collector.prepare import PreparedExport, exit_with, prepare_body, prepare_export, warm_up
 from inferwatch.collector.sources import Identity, MappedBatch, map_export
 from inferwatch.collector.writer import Writer
 from inferwatch.core import vocabulary as V
@@ -142,7 +143,9 @@ class Ingestor:
             if self._pool is None and self.processes and not self._closed:
                 context = multiprocessing.get_context(START_METHOD)
                 context.set_forkserver_preload(["inferwatch.collector.prepare"])
-                self._pool = ProcessPoolExecutor(self.processes, mp_context=context)
+                self._pool = ProcessPoolExecutor(
+                    self.processes, mp_context=context, initializer=exit_with, initargs=(os.getpid(),)
+                )
                 for _ in range(self.processes):
                     self._pool.submit(warm_up)
             return self._pool

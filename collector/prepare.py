@@ -14,8 +14,12 @@ needs and nothing else.
 
 from __future__ import annotations
 
+import os
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
@@ -66,6 +70,34 @@ def prepare_body(
         return PreparedExport(PROTOBUF, error=(exc.status, exc.message))
     apply_identity(request, identity)
     return prepare_export(request, dialect, kind)
+
+
+def _gone(pid: int) -> bool:
+    """The process ``pid`` has ended (or is a zombie waiting for its parent to reap it)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    try:  # Linux: a zombie still answers kill(0); its state says Z
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rfind(")") + 2 :].startswith("Z")
+
+
+def exit_with(collector_pid: int, interval: float = 0.5) -> None:
+    """Worker initializer: end this worker when the collector process is gone. A collector killed without
+    shutting its pool down (kill -9, an out-of-memory kill) would otherwise leave its workers waiting on
+    their queue for ever, and the fork server that started them with them (it lives while they do)."""
+
+    def watch() -> None:
+        while not _gone(collector_pid):
+            time.sleep(interval)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="inferwatch-collector-watch", daemon=True).start()
 
 
 def warm_up() -> int:

@@ -375,6 +375,24 @@ def test_postgres_timeouts_are_set_and_the_url_wins() -> None:
 # --- kill -9 under load ----------------------------------------------------------------------------------------------
 
 
+def descendants(pid: int) -> list[int]:
+    """The processes below ``pid`` (Linux ``/proc``): the collector's fork server and ingest workers."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        ppid = int(text[text.rfind(")") + 2 :].split()[1])
+        children.setdefault(ppid, []).append(int(stat.parent.name))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
 class Collector:
     """``inferwatch collector serve`` as a process, restartable on the same data directory and HTTP port."""
 
@@ -418,9 +436,12 @@ class Collector:
             return False
 
     def kill9(self) -> None:
+        """kill -9 the collector; its worker processes (and their fork server) must end on their own."""
         assert self.proc is not None
+        helpers = descendants(self.proc.pid)
         os.kill(self.proc.pid, signal.SIGKILL)
         self.proc.wait(timeout=30)
+        wait_until(lambda: not any(Path(f"/proc/{pid}").exists() for pid in helpers), 10, "workers gone")
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

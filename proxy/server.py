@@ -1,4 +1,6 @@
-"""The reverse proxy: aiohttp's low-level server in front, an aiohttp client session to the engine.
+"""The reverse proxy: aiohttp's low-level server in front; to the engine, generation requests on connections of
+their own (:mod:`~inferwatch.proxy.upstream`, relayed from the transport's callbacks), the rest through an
+aiohttp client session.
 
 Every request goes to the upstream with its method, path, query, body and headers (``Authorization``
 included) minus the hop-by-hop ones; the response comes back with its status and headers, and every
@@ -25,7 +27,7 @@ from typing import Any, Final
 
 import aiohttp
 from aiohttp import web
-from multidict import CIMultiDict
+from multidict import CIMultiDict, MultiMapping
 from yarl import URL
 
 from inferwatch.core import vocabulary as V
@@ -41,6 +43,7 @@ from inferwatch.proxy.tracing import (
     SpanSink,
     finish_reasons,
 )
+from inferwatch.proxy.upstream import Head, Pool, Upstream, UpstreamError, UpstreamTimeout
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +66,14 @@ RESPONSE_DROPPED: Final = HOP_BY_HOP
 SKIP_AUTO: Final = ("User-Agent", "Accept", "Accept-Encoding", "Content-Type")
 """aiohttp's client adds these when missing; the proxy sends the client's headers only."""
 LOCAL_PATHS: Final = ("/metrics", "/healthz", "/readyz")
+
+
+def end_to_end(headers: MultiMapping[str], dropped: frozenset[str]) -> list[tuple[str, str]]:
+    """The headers to pass on: without the ``dropped`` ones and those the ``Connection`` header names."""
+    named = {t.strip().lower() for v in headers.getall("Connection", ()) for t in v.split(",")}
+    return [(k, v) for k, v in headers.items() if k.lower() not in dropped and k.lower() not in named]
+
+
 MODELS_REFRESH_S: Final = 60.0
 MODELS_RETRY_S: Final = 5.0
 CONNECT_TIMEOUT_S: Final = 10.0
@@ -125,6 +136,7 @@ class Proxy:
         self._refresh_task: asyncio.Task[None] | None = None
         self.upstream_ok = True
         self.session: aiohttp.ClientSession | None = None
+        self.pool = Pool(settings.upstream, settings.timeout, min(settings.timeout, CONNECT_TIMEOUT_S))
         self._servers: list[asyncio.Server] = []
         self.port = settings.port
         self.metrics_port = settings.metrics_port
@@ -164,6 +176,7 @@ class Proxy:
             await server.wait_closed()
         if self.session is not None:
             await self.session.close()
+        self.pool.close()
         if self.spans is not None:
             self.spans.shutdown()
 
@@ -310,8 +323,10 @@ class Proxy:
         return web.json_response(body, status=status)
 
     async def forward(self, request: web.BaseRequest, body: bytes, ex: Exchange | None) -> web.StreamResponse:
+        if ex is not None:
+            return await self.forward_measured(request, body, ex)
         assert self.session is not None
-        headers = CIMultiDict((k, v) for k, v in request.headers.items() if k.lower() not in REQUEST_DROPPED)
+        headers = CIMultiDict(end_to_end(request.headers, REQUEST_DROPPED))
         url = URL(self.base + request.raw_path, encoded=True)
         try:
             up = await self.session.request(
@@ -323,39 +338,83 @@ class Proxy:
                 allow_redirects=False,
             )
         except TimeoutError:
-            if ex is not None:
-                ex.finish(time.perf_counter(), V.OUTCOME_ERROR, "upstream_timeout")
             return self.failure(504, "upstream_timeout", f"no answer within {self.settings.timeout:g} s")
         except aiohttp.ClientError as exc:
-            if ex is not None:
-                ex.finish(time.perf_counter(), V.OUTCOME_ERROR, "upstream_unavailable")
             return self.failure(502, "upstream_unavailable", f"upstream unreachable ({type(exc).__name__})")
-        if not self.upstream_ok:
-            log.warning("upstream %s answers again", self.settings.upstream_name)
-            self.upstream_ok = True
+        self.upstream_answers()
         try:
-            return await self.relay(request, up, ex)
+            return await self.relay(request, up)
         finally:
             up.close()  # a no-op once the body was read; otherwise the engine sees the connection go
 
-    async def relay(
-        self, request: web.BaseRequest, up: aiohttp.ClientResponse, ex: Exchange | None
+    def upstream_answers(self) -> None:
+        if not self.upstream_ok:
+            log.warning("upstream %s answers again", self.settings.upstream_name)
+            self.upstream_ok = True
+
+    async def forward_measured(self, request: web.BaseRequest, body: bytes, ex: Exchange) -> web.StreamResponse:
+        """A generation request, on a connection of its own to the engine (:mod:`~inferwatch.proxy.upstream`)."""
+        headers = end_to_end(request.headers, REQUEST_DROPPED)
+        raw = self.pool.request(request.method, request.raw_path, headers, body)
+        try:
+            conn, head = await self.pool.exchange(raw, request.method == "HEAD")
+        except UpstreamTimeout as exc:
+            ex.finish(time.perf_counter(), V.OUTCOME_ERROR, "upstream_timeout")
+            return self.failure(504, "upstream_timeout", str(exc))
+        except UpstreamError as exc:
+            ex.finish(time.perf_counter(), V.OUTCOME_ERROR, "upstream_unavailable")
+            return self.failure(502, "upstream_unavailable", str(exc))
+        self.upstream_answers()
+        try:
+            return await self.relay_measured(request, conn, head, ex)
+        finally:
+            self.pool.release(conn)  # kept when the response was read whole; otherwise the engine sees it go
+
+    async def relay_measured(
+        self, request: web.BaseRequest, conn: Upstream, head: Head, ex: Exchange
     ) -> web.StreamResponse:
+        resp = web.StreamResponse(status=head.status, reason=head.reason or None)
+        resp.headers.extend(end_to_end(head.headers, RESPONSE_DROPPED))
+        ex.begin(head.status, head.headers.get("Content-Type", ""))
+        writer = await resp.prepare(request)
+        transport = request.transport
+        if transport is None or writer is None:  # the client is gone already
+            return resp
+        chunked = bool(getattr(writer, "chunked", False))
+        high = transport.get_write_buffer_limits()[1]
+
+        def sink(payload: bytes) -> None:
+            """Each read of the engine's body, from the connection's callback: on to the client, then measured."""
+            if transport.is_closing():  # the client went away: aiohttp cancels the handler
+                return
+            transport.write(b"%x\r\n%b\r\n" % (len(payload), payload) if chunked else payload)
+            ex.feed(payload, time.perf_counter())
+            if transport.get_write_buffer_size() > high:
+                conn.pause()  # the client reads slower than the engine writes: read no more until it drains
+
+        conn.relay(sink)
+        try:
+            await conn.read_body(writer.drain)
+        except UpstreamError as exc:  # the upstream cut the stream or fell silent
+            kind = "upstream_timeout" if isinstance(exc, UpstreamTimeout) else "stream_cut"
+            ex.finish(time.perf_counter(), V.OUTCOME_ERROR, kind)
+            self.cut(request)
+            return resp
+        ex.finish(time.perf_counter(), headers=head.headers)
+        with contextlib.suppress(ConnectionError):
+            await resp.write_eof()
+        return resp
+
+    async def relay(self, request: web.BaseRequest, up: aiohttp.ClientResponse) -> web.StreamResponse:
+        """Any other request: every read of the upstream's body written on as it comes."""
         resp = web.StreamResponse(status=up.status, reason=up.reason)
-        for k, v in up.headers.items():
-            if k.lower() not in RESPONSE_DROPPED:
-                resp.headers.add(k, v)
-        if ex is not None:
-            ex.begin(up.status, up.headers.get("Content-Type", ""))
+        resp.headers.extend(end_to_end(up.headers, RESPONSE_DROPPED))
         await resp.prepare(request)
         reader = up.content
         while True:
             try:
                 data = await reader.readany()
-            except (aiohttp.ClientError, TimeoutError) as exc:  # the upstream cut the stream or fell silent
-                kind = "upstream_timeout" if isinstance(exc, TimeoutError) else "stream_cut"
-                if ex is not None:
-                    ex.finish(time.perf_counter(), V.OUTCOME_ERROR, kind)
+            except (aiohttp.ClientError, TimeoutError):  # the upstream cut the stream or fell silent
                 self.cut(request)
                 return resp
             if not data:
@@ -363,13 +422,7 @@ class Proxy:
             try:
                 await resp.write(data)
             except ConnectionError:  # the client went away
-                if ex is not None:
-                    ex.gone(time.perf_counter())
                 return resp
-            if ex is not None:
-                ex.feed(data, time.perf_counter())
-        if ex is not None:
-            ex.finish(time.perf_counter(), headers=up.headers)
         with contextlib.suppress(ConnectionError):
             await resp.write_eof()
         return resp

@@ -363,11 +363,13 @@ def echo_upstream(run_loop: asyncio.AbstractEventLoop | None = None) -> Iterator
                 {"object": "list", "data": [{"id": "base", "parent": None}, {"id": "sql-lora", "parent": "base"}]}
             )
         if request.path in ("/sse", "/v1/completions"):
+            if request.query.get("slow"):
+                await asyncio.sleep(5)
             resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "X-Upstream": "yes"})
             await resp.prepare(request)
             for i in range(3):
                 await resp.write(b'data: {"choices":[{"index":0,"text":"t%d","finish_reason":null}]}\n\n' % i)
-                await asyncio.sleep(0.3)
+                await asyncio.sleep(5 if request.query.get("stall") else 0.3)
             if request.query.get("cut"):
                 assert request.transport is not None
                 request.transport.abort()
@@ -408,6 +410,7 @@ def test_pass_through_keeps_bytes_and_headers_but_not_hop_by_hop_ones() -> None:
                 "Authorization": "Bearer s3cret",
                 "X-Custom": "1",
                 "Connection": "keep-alive, X-Hop",
+                "X-Hop": "1",
                 "TE": "trailers",
             },
         )
@@ -417,11 +420,49 @@ def test_pass_through_keeps_bytes_and_headers_but_not_hop_by_hop_ones() -> None:
         method, path, headers, body = echo.requests[-1]
         assert (method, path, body) == ("POST", "/some/path?x=1&y=%2F", b"raw \x00 body")
         assert headers["authorization"] == ["Bearer s3cret"] and headers["x-custom"] == ["1"]
-        assert "te" not in headers and headers.get("connection", ["keep-alive"]) != ["keep-alive, X-Hop"]
+        assert "te" not in headers and "x-hop" not in headers
+        assert headers.get("connection", ["keep-alive"]) != ["keep-alive, X-Hop"]
         assert "user-agent" in headers  # the client's own (httpx), not one the proxy adds
         assert headers["user-agent"][0].startswith("python-httpx")
         # nothing measured for other paths
         assert not has(run.metrics(), V.CLIENT_REQUESTS.name)
+
+
+def test_generation_requests_keep_headers_but_not_hop_by_hop_ones() -> None:
+    """Generation requests go on connections of the proxy's own: the same header rules as every path."""
+    with echo_upstream() as echo, running_proxy(echo.url) as run:
+        for _ in range(2):  # the second on the kept connection
+            r = httpx.post(
+                run.url + "/v1/completions?x=%2F",
+                json={"model": "m", "stream": True},
+                headers={"Authorization": "Bearer s3cret", "Connection": "keep-alive, X-Hop", "X-Hop": "1", "TE": "x"},
+            )
+            assert r.status_code == 200 and r.headers["x-upstream"] == "yes"
+            assert r.text.count("data: ") == 4 and r.text.endswith("data: [DONE]\n\n")
+            method, path, headers, body = echo.requests[-1]
+            assert (method, path, json.loads(body)) == ("POST", "/v1/completions?x=%2F", {"model": "m", "stream": True})
+            assert headers["authorization"] == ["Bearer s3cret"] and headers["host"] == [echo.url[7:]]
+            assert "te" not in headers and "x-hop" not in headers and "connection" not in headers
+            assert headers["user-agent"][0].startswith("python-httpx") and len(headers["user-agent"]) == 1
+            assert headers["content-length"] == [str(len(body))]
+        assert value(run.metrics(), V.CLIENT_REQUESTS.name, engine=V.UNKNOWN, model="m", outcome=V.OUTCOME_STOP) == 2
+
+
+def test_generation_requests_time_out_before_and_during_the_answer() -> None:
+    with echo_upstream() as echo, running_proxy(echo.url, timeout=0.5) as run:
+        t0 = time.monotonic()
+        r = httpx.post(run.url + "/v1/completions?slow=1", json={"model": "m", "stream": True})
+        assert r.status_code == 504 and r.json()["error"]["upstream"] == echo.url
+        assert time.monotonic() - t0 < 3
+        with (
+            pytest.raises(httpx.RemoteProtocolError),
+            httpx.stream("POST", run.url + "/v1/completions?stall=1", json={"model": "m", "stream": True}) as r,
+        ):
+            r.read()
+        assert time.monotonic() - t0 < 5
+        text = run.metrics()
+        assert value(text, V.CLIENT_REQUESTS.name, engine=V.UNKNOWN, model="m", outcome=V.OUTCOME_ERROR) == 2
+        assert sorted(rec.error or "" for rec in run.records(2)) == ["upstream_timeout", "upstream_timeout"]
 
 
 def test_sse_chunks_go_on_as_they_arrive() -> None:

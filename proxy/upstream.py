@@ -377,7 +377,7 @@ class Pool:
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(self.connect_timeout):
-                _, proto = await loop.create_connection(
+                transport, proto = await loop.create_connection(
                     lambda: Upstream(loop, self.timeout),
                     self.host,
                     self.port,
@@ -388,6 +388,8 @@ class Pool:
             raise UpstreamTimeout(f"no connection within {self.connect_timeout:g} s") from None
         except OSError as exc:
             raise UpstreamError(f"upstream unreachable ({type(exc).__name__})") from None
+        if proto.transport is None:  # uvloop calls connection_made after create_connection returns
+            proto.transport = transport
         return proto
 
     def request(self, method: str, raw_path: str, headers: Iterable[tuple[str, str]], body: bytes) -> bytes:

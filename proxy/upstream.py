@@ -20,7 +20,7 @@ import asyncio
 import ssl
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Final
+from typing import Final, cast
 
 from multidict import CIMultiDict
 from yarl import URL
@@ -173,8 +173,7 @@ class Upstream(asyncio.Protocol):
 
     # -- the transport's callbacks ------------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass: no isinstance
 
     def data_received(self, data: bytes) -> None:
         self.last_read = self.loop.time()
@@ -377,7 +376,7 @@ class Pool:
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(self.connect_timeout):
-                transport, proto = await loop.create_connection(
+                _, proto = await loop.create_connection(
                     lambda: Upstream(loop, self.timeout),
                     self.host,
                     self.port,
@@ -388,8 +387,6 @@ class Pool:
             raise UpstreamTimeout(f"no connection within {self.connect_timeout:g} s") from None
         except OSError as exc:
             raise UpstreamError(f"upstream unreachable ({type(exc).__name__})") from None
-        if proto.transport is None:  # uvloop calls connection_made after create_connection returns
-            proto.transport = transport
         return proto
 
     def request(self, method: str, raw_path: str, headers: Iterable[tuple[str, str]], body: bytes) -> bytes:

@@ -31,6 +31,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from text_generation import Client as TgiClient
 
+from inferwatch.cli.proxy import loop_factory
 from inferwatch.collector.record import RequestRecord
 from inferwatch.collector.sources import map_export
 from inferwatch.core import vocabulary as V
@@ -127,11 +128,16 @@ class RunningProxy:
             time.sleep(0.05)
 
 
+LOOPS = ["asyncio", "uvloop"]
+"""The event loops ``inferwatch proxy --loop`` runs on (uvloop by default): tests of timing, cancellation and
+leaks run on both."""
+
+
 @contextmanager
-def running_proxy(upstream: str, **options: Any) -> Iterator[RunningProxy]:
+def running_proxy(upstream: str, event_loop: str = "asyncio", **options: Any) -> Iterator[RunningProxy]:
     settings = ProxySettings(upstream=upstream, port=0, **options)
     exporter = InMemorySpanExporter()
-    loop = asyncio.new_event_loop()
+    loop = (loop_factory(event_loop) or asyncio.new_event_loop)()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
     proxy = Proxy(settings, spans=SpanSink(None, exporter=exporter))
@@ -428,9 +434,10 @@ def test_pass_through_keeps_bytes_and_headers_but_not_hop_by_hop_ones() -> None:
         assert not has(run.metrics(), V.CLIENT_REQUESTS.name)
 
 
-def test_generation_requests_keep_headers_but_not_hop_by_hop_ones() -> None:
+@pytest.mark.parametrize("event_loop", LOOPS)
+def test_generation_requests_keep_headers_but_not_hop_by_hop_ones(event_loop: str) -> None:
     """Generation requests go on connections of the proxy's own: the same header rules as every path."""
-    with echo_upstream() as echo, running_proxy(echo.url) as run:
+    with echo_upstream() as echo, running_proxy(echo.url, event_loop) as run:
         for _ in range(2):  # the second on the kept connection
             r = httpx.post(
                 run.url + "/v1/completions?x=%2F",
@@ -448,8 +455,9 @@ def test_generation_requests_keep_headers_but_not_hop_by_hop_ones() -> None:
         assert value(run.metrics(), V.CLIENT_REQUESTS.name, engine=V.UNKNOWN, model="m", outcome=V.OUTCOME_STOP) == 2
 
 
-def test_generation_requests_time_out_before_and_during_the_answer() -> None:
-    with echo_upstream() as echo, running_proxy(echo.url, timeout=0.5) as run:
+@pytest.mark.parametrize("event_loop", LOOPS)
+def test_generation_requests_time_out_before_and_during_the_answer(event_loop: str) -> None:
+    with echo_upstream() as echo, running_proxy(echo.url, event_loop, timeout=0.5) as run:
         t0 = time.monotonic()
         r = httpx.post(run.url + "/v1/completions?slow=1", json={"model": "m", "stream": True})
         assert r.status_code == 504 and r.json()["error"]["upstream"] == echo.url
@@ -581,9 +589,10 @@ def test_oversize_bodies_are_413_and_malformed_json_reaches_the_engine(procs: Pr
         assert (proxied.status_code, proxied.content) == (direct.status_code, direct.content) == (400, direct.content)
 
 
-def test_thousand_aborted_streams_cancel_the_engine_and_leak_nothing(procs: Processes) -> None:
+@pytest.mark.parametrize("event_loop", LOOPS)
+def test_thousand_aborted_streams_cancel_the_engine_and_leak_nothing(procs: Processes, event_loop: str) -> None:
     sim = start_sim(procs, "vllm")
-    with running_proxy(sim, engine="vllm") as run:
+    with running_proxy(sim, event_loop, engine="vllm") as run:
         httpx.post(run.url + "/v1/completions", json={"model": MODEL, "prompt": "warm", "max_tokens": 2})
         time.sleep(0.5)
         fds0, tasks0 = len(os.listdir("/proc/self/fd")), run.tasks()
@@ -669,6 +678,7 @@ def test_command_serves_metrics_and_probes(procs: Processes) -> None:
     text = httpx.get(f"http://127.0.0.1:{mport}/metrics").text
     assert value(text, V.CLIENT_REQUESTS.name, engine="vllm", model=MODEL, outcome=V.OUTCOME_LENGTH) == 1
     assert has(text, "process_open_fds")
+    assert loop_factory("auto") is loop_factory("uvloop") is not None  # the command's default: uvloop
     bad = subprocess.run([*INFERWATCH, "proxy", "--upstream", "nope"], capture_output=True, text=True)
     assert bad.returncode == 2 and "--upstream" in bad.stderr
 

@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 import pytest
 from multidict import CIMultiDict
 
+from inferwatch.cli.proxy import loop_factory
 from inferwatch.proxy.server import Proxy, ProxySettings
 from inferwatch.proxy.upstream import Body, Head, Pool, UpstreamError, UpstreamTimeout, parse_head
 
@@ -191,7 +192,8 @@ def test_refused_connection() -> None:
         asyncio.run(test())
 
 
-def test_a_slow_client_pauses_the_engine_and_gets_every_byte() -> None:
+@pytest.mark.parametrize("event_loop", ["asyncio", "uvloop"])
+def test_a_slow_client_pauses_the_engine_and_gets_every_byte(event_loop: str) -> None:
     """The engine streams 64 MiB as fast as it can while the client reads nothing for a second: the proxy
     stops reading from the engine (without it, it would take all 64 MiB into memory), then relays every
     byte once the client reads."""
@@ -232,4 +234,5 @@ def test_a_slow_client_pauses_the_engine_and_gets_every_byte() -> None:
         finally:
             await proxy.stop()
 
-    asyncio.run(with_engine(engine, test))
+    with asyncio.Runner(loop_factory=loop_factory(event_loop)) as runner:
+        runner.run(with_engine(engine, test))

@@ -402,21 +402,19 @@ class Pool:
             conn = self.idle.pop()
             if conn.closed or conn.error is not None:
                 continue
-            conn.send(request, bodiless)
             try:
-                return conn, await conn.read_head()
+                return await self._ask(conn, request, bodiless)
             except UpstreamTimeout:
-                conn.close()
                 raise
             except UpstreamError:
-                conn.close()
                 if conn.received:  # the engine began to answer: no second try
                     raise
                 break  # the engine had closed the kept connection: once more on a new one
-            except BaseException:
-                conn.close()
-                raise
-        conn = await self.connect()
+        return await self._ask(await self.connect(), request, bodiless)
+
+    @staticmethod
+    async def _ask(conn: Upstream, request: bytes, bodiless: bool) -> tuple[Upstream, Head]:
+        """The head of the answer to ``request`` on ``conn`` (closed when there is none)."""
         conn.send(request, bodiless)
         try:
             return conn, await conn.read_head()

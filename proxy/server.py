@@ -68,15 +68,15 @@ SKIP_AUTO: Final = ("User-Agent", "Accept", "Accept-Encoding", "Content-Type")
 LOCAL_PATHS: Final = ("/metrics", "/healthz", "/readyz")
 
 
-def end_to_end(headers: MultiMapping[str], dropped: frozenset[str]) -> list[tuple[str, str]]:
-    """The headers to pass on: without the ``dropped`` ones and those the ``Connection`` header names."""
-    named = {t.strip().lower() for v in headers.getall("Connection", ()) for t in v.split(",")}
-    return [(k, v) for k, v in headers.items() if k.lower() not in dropped and k.lower() not in named]
-
-
 MODELS_REFRESH_S: Final = 60.0
 MODELS_RETRY_S: Final = 5.0
 CONNECT_TIMEOUT_S: Final = 10.0
+
+
+def end_to_end(headers: MultiMapping[str], dropped: frozenset[str]) -> list[tuple[str, str]]:
+    """The headers to pass on: without the ``dropped`` ones and those the ``Connection`` header names."""
+    drop = dropped.union(t.strip().lower() for v in headers.getall("Connection", ()) for t in v.split(","))
+    return [(k, v) for k, v in headers.items() if k.lower() not in drop]
 
 
 @dataclass(frozen=True)
@@ -266,13 +266,14 @@ class Proxy:
         if isinstance(body, web.StreamResponse):
             return body
         exchange = self.exchange(request, body, start)
+        if exchange is None:
+            return await self.forward(request, body)
         try:
-            return await self.forward(request, body, exchange)
+            return await self.forward_measured(request, body, exchange)
         finally:
-            if exchange is not None:
-                if exchange.outcome is None:  # cancelled: the client went away
-                    exchange.gone(time.perf_counter())
-                self.trace(exchange, request, start_ns)
+            if exchange.outcome is None:  # cancelled: the client went away
+                exchange.gone(time.perf_counter())
+            self.trace(exchange, request, start_ns)
 
     async def read_body(self, request: web.BaseRequest) -> bytes | web.StreamResponse:
         limit = self.settings.max_body_bytes
@@ -322,9 +323,8 @@ class Proxy:
         body = {"error": {"message": message, "type": kind, "upstream": self.settings.upstream_name}}
         return web.json_response(body, status=status)
 
-    async def forward(self, request: web.BaseRequest, body: bytes, ex: Exchange | None) -> web.StreamResponse:
-        if ex is not None:
-            return await self.forward_measured(request, body, ex)
+    async def forward(self, request: web.BaseRequest, body: bytes) -> web.StreamResponse:
+        """Any request but a generation request, through aiohttp's client session."""
         assert self.session is not None
         headers = CIMultiDict(end_to_end(request.headers, REQUEST_DROPPED))
         url = URL(self.base + request.raw_path, encoded=True)

@@ -79,7 +79,7 @@ class Body:
         self.crlf = 0
         self.trailers = False
         self.rest = b""
-        self.done = bodiless or head.status in (204, 304) or 100 <= head.status < 200
+        self.done = bodiless or head.status in (204, 304)
         if self.done or self.chunked:
             return
         if length is not None:
@@ -153,7 +153,6 @@ class Upstream(asyncio.Protocol):
         self.timeout = timeout
         self.transport: asyncio.Transport | None = None
         self.closed = False
-        self.lost: Exception | None = None
         self.head: Head | None = None
         self.body: Body | None = None
         self.bodiless = False
@@ -206,7 +205,6 @@ class Upstream(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
-        self.lost = exc
         if self.body is not None and self.body.until_close and not self.body.done:
             self.body.done = True
         self._wake()
@@ -337,7 +335,7 @@ class Upstream(asyncio.Protocol):
             and self.body.done
             and not self.paused
             and not self.buffer
-            and not (self.body.rest)
+            and not self.body.rest
         )
 
     def reset(self) -> None:

@@ -37,7 +37,12 @@ with the same labels, for every model, from an evaluation after the scrapers sta
   cancels in the ratio; the error ratios must also equal the shares the fleet was built with. What
   remains is rounding: VictoriaMetrics keeps about 12 significant digits of a sample, and a latency
   SLI subtracts the bucket's rate from the count's, losing log10(1 / share) more (3 for 0.1 %),
-  ~1e-9; any real disagreement (another window, a lost series, extrapolation) is >= 1e-3;
+  ~1e-9 (4.4e-10 measured); any real disagreement (another window, a lost series, extrapolation) is
+  >= 1e-3. The tolerance, 1e-5, leaves room for a query that reads a target's bucket and count from
+  two scrapes (their values are computed a few microseconds apart after the scrape's timestamp:
+  seen once as 6.5e-6, before VictoriaMetrics' latency offset was raised to 5 s) and stays a
+  hundred times under any real disagreement. Remote-written samples must match to
+  ``FORWARDING_TOLERANCE``;
 - ratios built on other recordings of their own group (e.g. a burn rate recorded from the 5-minute
   error ratio, itself recorded from the error and event rates): ``CHAINED_TOLERANCE`` = 1e-3. vmalert
   reads a rule's inputs from VictoriaMetrics, where the recordings of the evaluation under way arrive
@@ -127,7 +132,8 @@ HISTORY_S = 360
 """Seconds of history written into both stores (> the 5-minute rate window)."""
 FAST_GROUP_S = 30.0
 """Rule groups evaluated at least this often must have produced every recording."""
-EXACT_TOLERANCE = 1e-6
+EXACT_TOLERANCE = 1e-5
+FORWARDING_TOLERANCE = 1e-9
 CHAINED_TOLERANCE = 1e-3
 MIXED_TOLERANCE = 0.01
 RATE_TOLERANCE = 0.01
@@ -910,7 +916,7 @@ def test_recording_rules_agree(scale: Scale) -> None:
                 forwarding = max(forwarding, relative(value, mine[t]))
             else:
                 assert t < at - 110 or not mine, f"{dict(key)}: a sample at {t} that Prometheus does not have"
-    assert forwarding <= EXACT_TOLERANCE, forwarding
+    assert forwarding <= FORWARDING_TOLERANCE, forwarding
 
     compared = set(prom) & set(vm)
     scale.figures["parity"] = {

@@ -192,6 +192,37 @@ def _slo_cause(slo: SLO) -> str:
     return causes.get(lat.metric, "see the runbook.")
 
 
+_UNIT_SECONDS = {"d": 86400, "h": 3600, "m": 60, "s": 1}
+COVERAGE = Decimal("0.8")
+"""The share of a trend window's samples a series must have before its trend is extrapolated. Not higher:
+Prometheus 2 selects a range closed at both ends, so a full window scraped every minute holds 31 samples
+where its last sixth holds 6 (5.2 times, not 6); Prometheus 3 and VictoriaMetrics leave the start open."""
+COVERAGE_PARTS = 6
+"""The window is compared with its last sixth (30m with the last 5m) to count the samples it should hold."""
+
+
+def _duration(seconds: int) -> str:
+    """``seconds`` as a Prometheus duration in its largest whole unit (300 -> ``5m``)."""
+    for unit, size in _UNIT_SECONDS.items():
+        if seconds % size == 0:
+            return f"{seconds // size}{unit}"
+    raise AssertionError("unreachable: every whole number of seconds is a duration in s")
+
+
+def covers_window(series: str, window: str) -> str:
+    """A condition that keeps the samples of ``series`` holding at least :data:`COVERAGE` of the samples
+    ``window`` should: as many as its last sixth has, six times over, whatever the scrape interval (up to
+    about 2m: with fewer than three samples in the last sixth the count is too coarse). A series
+    younger than the window (an engine that just started, its usage ramping up from zero) would otherwise
+    be extrapolated from that ramp: a start to 60 % in a minute predicts 100 % for the next ten minutes."""
+    seconds = int(window[:-1]) * _UNIT_SECONDS[window[-1]]
+    part = _duration(max(1, seconds // COVERAGE_PARTS))
+    return (
+        f"count_over_time({series}[{window}]) >= {decimal_text(COVERAGE * COVERAGE_PARTS)} * "
+        f"count_over_time({series}[{part}])"
+    )
+
+
 def _series_names(specs: tuple[V.MetricSpec, ...]) -> str:
     names = []
     for s in specs:
@@ -245,8 +276,10 @@ def saturation_alerts(settings: SLOFile) -> list[dict[str, Any]]:
         ),
         rule(
             V.ALERT_KV_EXHAUSTION_PREDICTED,
-            f"max without ({V.LABEL_DP_RANK}) (predict_linear({kv}[{a.kv_cache_prediction_window}], {horizon * 60})) "
-            f">= 1\nand\nmax without ({V.LABEL_DP_RANK}) ({kv}) < {a.kv_cache_saturated_ratio}",
+            f"max without ({V.LABEL_DP_RANK}) (\n"
+            f"  predict_linear({kv}[{a.kv_cache_prediction_window}], {horizon * 60})\n"
+            f"  and\n  {covers_window(kv, a.kv_cache_prediction_window)}\n) >= 1\nand\n"
+            f"max without ({V.LABEL_DP_RANK}) ({kv}) < {a.kv_cache_saturated_ratio}",
             a.kv_cache_prediction_for,
             "An engine's KV cache will be full soon.",
             f"At the trend of the last {a.kv_cache_prediction_window}, the KV cache of {where} reaches 100 % within "

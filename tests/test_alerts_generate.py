@@ -9,7 +9,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from inferwatch.alerts.generate import generate
+from inferwatch.alerts.generate import covers_window, generate
 from inferwatch.cli import app
 from inferwatch.core import vocabulary as V
 from inferwatch.core.slo import BURN_PAIRS, SLOFileError, burn_factor, load, parse
@@ -194,3 +194,21 @@ def test_no_rule_reads_a_recording_of_its_own_group() -> None:
         for rule in group["rules"]:
             names = set(re.findall(r"[a-zA-Z_:][a-zA-Z0-9_:]*", rule["expr"]))
             assert not names & recorded, (group["name"], rule.get("record") or rule.get("alert"), names & recorded)
+
+
+@pytest.mark.parametrize(
+    ("window", "part"),
+    [("30m", "5m"), ("1h", "10m"), ("10m", "100s"), ("2h", "20m"), ("1d", "4h"), ("45s", "7s")],
+)
+def test_the_kv_trend_counts_its_window_against_the_last_sixth(window: str, part: str) -> None:
+    kv = V.KV_CACHE_USAGE.name
+    assert covers_window(kv, window) == (f"count_over_time({kv}[{window}]) >= 4.8 * count_over_time({kv}[{part}])")
+
+
+def test_a_custom_kv_trend_window_reaches_the_rule() -> None:
+    vocab = V.Vocabulary()
+    spec = parse(BASE + "alerts:\n  kv_cache_prediction_window: 1h\n", "slos.yaml", vocab)
+    rules = yaml.safe_load(generate(spec, vocab)["rules.yml"])
+    (alert,) = [r for g in rules["groups"] for r in g["rules"] if r.get("alert") == V.ALERT_KV_EXHAUSTION_PREDICTED]
+    assert "predict_linear(llm_kv_cache_usage_ratio[1h], 900)" in alert["expr"]
+    assert covers_window(V.KV_CACHE_USAGE.name, "1h") in alert["expr"]

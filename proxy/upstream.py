@@ -27,6 +27,14 @@ from yarl import URL
 
 MAX_HEAD_BYTES: Final = 64 << 10
 MAX_IDLE: Final = 256
+IDLE_KEEP_S: Final = 4.0
+"""A kept connection idle longer is closed, not reused: under the engines' own keep-alive timeouts (uvicorn's,
+behind vLLM and trtllm-serve, is 5 s), so that a request rarely meets a connection the engine is closing."""
+RESEND_WINDOW_S: Final = 1.0
+"""A request on a kept connection is sent again on a new one only when that connection closed unanswered within
+this long of the send: the engine closing an idle connection as the request went out. Later, the engine may
+have read it and worked on it (a non-streamed answer starts only when its generation ends): sent again, the
+generation would run twice, so the client gets the 502 instead."""
 """kept connections at most; more idle ones are closed."""
 
 Sink = Callable[[bytes], None]
@@ -83,9 +91,10 @@ class Body:
         if self.done or self.chunked:
             return
         if length is not None:
-            if not length.strip().isdigit():
+            digits = length.strip()
+            if not (digits.isascii() and digits.isdigit()):  # "²" is a digit to str.isdigit, not to int()
                 raise UpstreamError("malformed Content-Length")
-            self.need = int(length)
+            self.need = int(digits)
             self.done = self.need == 0
         else:
             self.until_close = True
@@ -169,6 +178,8 @@ class Upstream(asyncio.Protocol):
         self.keep_alive = True
         self.busy = False
         """a request was sent and its response is not over: bytes at any other time are an error."""
+        self.sent_at = 0.0
+        self.idle_since = 0.0
 
     # -- the transport's callbacks ------------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -205,7 +216,8 @@ class Upstream(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
-        if self.body is not None and self.body.until_close and not self.body.done:
+        # a body delimited by the close ends with an orderly close; a reset cuts it
+        if exc is None and self.body is not None and self.body.until_close and not self.body.done:
             self.body.done = True
         self._wake()
 
@@ -225,9 +237,9 @@ class Upstream(asyncio.Protocol):
                 continue  # interim answers (100 Continue, 103 Early Hints) are not the response
             if head.status == 101:
                 raise UpstreamError("protocol upgrades are not supported")
+            body = Body(head, self.bodiless)  # a malformed framing fails before the head counts as read
             self.buffer = b""
-            self.head = head
-            self.body = Body(head, self.bodiless)
+            self.head, self.body = head, body
             connection = head.headers.get("Connection", "").lower()
             self.keep_alive = head.version == "HTTP/1.1" and "close" not in connection and not self.body.until_close
             return buf
@@ -279,7 +291,7 @@ class Upstream(asyncio.Protocol):
         assert self.transport is not None
         self.busy = True
         self.bodiless = bodiless
-        self.last_read = self.loop.time()
+        self.last_read = self.sent_at = self.loop.time()
         self.transport.write(request)
 
     async def read_head(self) -> Head:
@@ -304,6 +316,7 @@ class Upstream(asyncio.Protocol):
             if failed is not None:
                 raise failed
             if self.body is not None and self.body.done:
+                self.resume()  # the read that ended the body may have filled the client's buffer
                 return
             if self.paused:
                 await drain()
@@ -396,18 +409,22 @@ class Pool:
 
     async def exchange(self, request: bytes, bodiless: bool) -> tuple[Upstream, Head]:
         """Send ``request`` and read the response's head (on a kept connection first, then once anew)."""
+        loop = asyncio.get_running_loop()
         while self.idle:
             conn = self.idle.pop()
             if conn.closed or conn.error is not None:
+                continue
+            if loop.time() - conn.idle_since > IDLE_KEEP_S:
+                conn.close()
                 continue
             try:
                 return await self._ask(conn, request, bodiless)
             except UpstreamTimeout:
                 raise
             except UpstreamError:
-                if conn.received:  # the engine began to answer: no second try
-                    raise
-                break  # the engine had closed the kept connection: once more on a new one
+                if conn.received or not conn.closed or loop.time() - conn.sent_at > RESEND_WINDOW_S:
+                    raise  # the engine answered, or may have worked on the request: no second try
+                break  # the engine had closed the kept connection as the request went out: once more anew
         return await self._ask(await self.connect(), request, bodiless)
 
     @staticmethod
@@ -424,6 +441,7 @@ class Pool:
         """After the exchange: kept when its response was read whole, closed otherwise."""
         if conn.reusable and len(self.idle) < MAX_IDLE:
             conn.reset()
+            conn.idle_since = conn.loop.time()
             self.idle.append(conn)
         else:
             conn.close()

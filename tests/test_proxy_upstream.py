@@ -9,13 +9,16 @@ test's choice; each test runs its own event loop and closes what it opened.
 from __future__ import annotations
 
 import asyncio
+import functools
 import socket
+import struct
 from collections.abc import Awaitable, Callable
 
 import pytest
 from multidict import CIMultiDict
 
 from inferwatch.cli.proxy import loop_factory
+from inferwatch.proxy import upstream
 from inferwatch.proxy.server import Proxy, ProxySettings
 from inferwatch.proxy.upstream import Body, Head, Pool, UpstreamError, UpstreamTimeout, parse_head
 
@@ -135,6 +138,134 @@ def test_kept_connections_are_reused_and_a_closed_one_is_sent_again() -> None:
             pool.close()
         # 1 new, 2 kept, 3 kept then sent again on a new connection, 4 kept
         assert (len(connections), len(requests)) == (2, 5)
+
+    asyncio.run(with_engine(engine, test))
+
+
+def test_a_request_the_engine_held_before_closing_is_not_sent_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The engine reads the second request, works on it past the resend window, then closes without a byte:
+    it may have generated already, so the request is not sent a second time (it was, before)."""
+    monkeypatch.setattr(upstream, "RESEND_WINDOW_S", 0.2)
+    requests: list[bytes] = []
+
+    async def engine(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            requests.append(await read_request(reader))
+            if len(requests) == 2:
+                await asyncio.sleep(0.5)
+                return
+            writer.write(CHUNKED + b"5\r\nhello\r\n0\r\n\r\n")
+            await writer.drain()
+
+    async def test(url: str, connections: list[int]) -> None:
+        pool = Pool(url, timeout=5, connect_timeout=5)
+        try:
+            await exchange(pool)
+            with pytest.raises(UpstreamError, match="closed before"):
+                await exchange(pool)
+        finally:
+            pool.close()
+        assert (len(connections), len(requests)) == (1, 2)
+
+    asyncio.run(with_engine(engine, test))
+
+
+def test_a_connection_idle_past_its_keep_time_is_not_reused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(upstream, "IDLE_KEEP_S", 0.2)
+
+    async def engine(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            await read_request(reader)
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+            await writer.drain()
+
+    async def test(url: str, connections: list[int]) -> None:
+        pool = Pool(url, timeout=5, connect_timeout=5)
+        try:
+            await exchange(pool)
+            await exchange(pool)  # at once: the kept connection
+            await asyncio.sleep(0.4)
+            await exchange(pool)  # idle too long: a new one
+        finally:
+            pool.close()
+        assert len(connections) == 2
+
+    asyncio.run(with_engine(engine, test))
+
+
+def test_a_reset_cuts_a_body_delimited_by_the_close() -> None:
+    """A body without Content-Length or chunking ends with an orderly close; a reset in the middle is a cut
+    stream (it passed as a whole answer, recorded as ``stop``, before)."""
+
+    async def engine(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        request = await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\r\ndata: a\n\n")
+        await writer.drain()
+        if b" /reset " in request:
+            await asyncio.sleep(0.1)
+            sock = writer.get_extra_info("socket")
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            writer.transport.abort()
+
+    async def test(url: str, connections: list[int]) -> None:
+        pool = Pool(url, timeout=5, connect_timeout=5)
+        try:
+            h, body = await exchange(pool, "/close")  # an orderly close ends the body
+            assert (h.status, body) == (200, b"data: a\n\n")
+            with pytest.raises(UpstreamError, match="closed before the response's end"):
+                await exchange(pool, "/reset")
+        finally:
+            pool.close()
+
+    asyncio.run(with_engine(engine, test))
+
+
+@pytest.mark.parametrize("length", ["abc", "\u00b2", "-1"])
+def test_a_malformed_content_length_is_an_upstream_error(length: str) -> None:
+    """Refused at the head (the proxy answers 502): the head used to count as read first, so the bad value
+    reached the client's response (a 500 from aiohttp), and "²" passed isdigit() and broke int()."""
+
+    async def engine(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: " + length.encode() + b"\r\n\r\nok")
+        await writer.drain()
+
+    async def test(url: str, connections: list[int]) -> None:
+        pool = Pool(url, timeout=5, connect_timeout=5)
+        try:
+            with pytest.raises(UpstreamError, match="malformed Content-Length"):
+                await pool.exchange(pool.request("POST", "/x", [], b"{}"), False)
+        finally:
+            pool.close()
+
+    asyncio.run(with_engine(engine, test))
+
+
+def test_a_pause_on_the_last_read_leaves_the_connection_reusable() -> None:
+    """The read that ends the body fills the client's buffer (the sink pauses): reading resumes as the body
+    ends, so the connection is kept (it was closed, costing a new connection per slow client's answer)."""
+
+    async def engine(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            await read_request(reader)
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello")
+            await writer.drain()
+
+    def overfull(conn: upstream.Upstream, _payload: bytes) -> None:
+        conn.pause()  # the client's buffer over its high-water mark at every read
+
+    async def test(url: str, connections: list[int]) -> None:
+        pool = Pool(url, timeout=5, connect_timeout=5)
+        try:
+            for _ in range(3):
+                conn, _ = await pool.exchange(pool.request("POST", "/x", [], b"{}"), False)
+                conn.relay(functools.partial(overfull, conn))
+                await conn.read_body(lambda: asyncio.sleep(0))
+                assert conn.reusable and not conn.paused
+                pool.release(conn)
+        finally:
+            pool.close()
+        assert len(connections) == 1
 
     asyncio.run(with_engine(engine, test))
 

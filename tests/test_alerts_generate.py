@@ -210,5 +210,5 @@ def test_a_custom_kv_trend_window_reaches_the_rule() -> None:
     spec = parse(BASE + "alerts:\n  kv_cache_prediction_window: 1h\n", "slos.yaml", vocab)
     rules = yaml.safe_load(generate(spec, vocab)["rules.yml"])
     (alert,) = [r for g in rules["groups"] for r in g["rules"] if r.get("alert") == V.ALERT_KV_EXHAUSTION_PREDICTED]
-    assert "predict_linear(llm_kv_cache_usage_ratio[1h], 900)" in alert["expr"]
+    assert f"predict_linear({V.KV_CACHE_USAGE.name}[1h], 900)" in alert["expr"]
     assert covers_window(V.KV_CACHE_USAGE.name, "1h") in alert["expr"]

@@ -147,13 +147,7 @@ async def upstream_main(port: int, interval: float) -> None:
         finally:
             writer.close()
 
-    server = await asyncio.start_server(handle, "127.0.0.1", port, backlog=4096)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    async with server:
-        await stop.wait()
+    await serve_until_signalled(await asyncio.start_server(handle, "127.0.0.1", port, backlog=4096))
 
 
 # -- the floor: a bare TCP relay ------------------------------------------------------------------------
@@ -207,8 +201,13 @@ async def relay_main(port: int, upstream: int) -> None:
         task.add_done_callback(links.discard)
         return client
 
-    server = await loop.create_server(accepted, "127.0.0.1", port, backlog=4096)
+    await serve_until_signalled(await loop.create_server(accepted, "127.0.0.1", port, backlog=4096))
+
+
+async def serve_until_signalled(server: asyncio.Server) -> None:
+    """Serve until SIGTERM or SIGINT (the benchmark's own servers: the engine, the relay)."""
     stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     async with server:
@@ -216,6 +215,22 @@ async def relay_main(port: int, upstream: int) -> None:
 
 
 # -- the client ---------------------------------------------------------------------------------------
+def completion_request(body: dict[str, object]) -> bytes:
+    payload = json.dumps(body).encode()
+    return (
+        b"POST /v1/completions HTTP/1.1\r\nhost: bench\r\ncontent-type: application/json\r\n"
+        b"content-length: %d\r\n\r\n%s" % (len(payload), payload)
+    )
+
+
+def record_event(out: Stream, event: bytes, arrived_ns: int) -> None:
+    """The engine's write stamp of an SSE ``event`` (its ``"t"``), with the arrival, into ``out``."""
+    at = event.find(b'"t":')
+    if at >= 0:
+        out.sent_ns.append(int(event[at + 4 : event.index(b"}", at)]))
+        out.arrived_ns.append(arrived_ns)
+
+
 @dataclass
 class Stream:
     sent_ns: list[int] = field(default_factory=list)
@@ -234,11 +249,7 @@ class Connection:
         if self.writer is None:
             self.reader, self.writer = await asyncio.open_connection("127.0.0.1", self.port, limit=1 << 20)
         assert self.reader is not None
-        payload = json.dumps(body).encode()
-        self.writer.write(
-            b"POST /v1/completions HTTP/1.1\r\nhost: bench\r\ncontent-type: application/json\r\n"
-            b"content-length: %d\r\n\r\n%s" % (len(payload), payload)
-        )
+        self.writer.write(completion_request(body))
         reader = self.reader
         head = await reader.readuntil(b"\r\n\r\n")
         status = int(head.split(b" ", 2)[1])
@@ -256,10 +267,7 @@ class Connection:
             pending += data[:-2]
             while b"\n\n" in pending:
                 event, pending = pending.split(b"\n\n", 1)
-                at = event.find(b'"t":')
-                if at >= 0:
-                    out.sent_ns.append(int(event[at + 4 : event.index(b"}", at)]))
-                    out.arrived_ns.append(now)
+                record_event(out, event, now)
         return out
 
     def close(self) -> None:
@@ -281,17 +289,13 @@ class StampedConnection:
 
     def __init__(self, port: int) -> None:
         self.port = port
-        self.kernel_stamps = False
 
     async def request(self, body: dict[str, object]) -> Stream:
         loop = asyncio.get_running_loop()
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setblocking(False)
-        try:
+        with contextlib.suppress(OSError):  # refused: each read's own time stands
             sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
-            self.kernel_stamps = True
-        except OSError:
-            pass
         out = Stream()
         done: asyncio.Future[None] = loop.create_future()
         buf = bytearray()
@@ -325,12 +329,8 @@ class StampedConnection:
                 del buf[: size + 2]
                 state["size"] = -1
                 while (end := pending.find(b"\n\n")) >= 0:
-                    event = bytes(pending[:end])
+                    record_event(out, bytes(pending[:end]), now)
                     del pending[: end + 2]
-                    at = event.find(b'"t":')
-                    if at >= 0:
-                        out.sent_ns.append(int(event[at + 4 : event.index(b"}", at)]))
-                        out.arrived_ns.append(now)
 
         def readable() -> None:
             if done.done():
@@ -358,12 +358,7 @@ class StampedConnection:
 
         try:
             await loop.sock_connect(sock, ("127.0.0.1", self.port))
-            payload = json.dumps(body).encode()
-            await loop.sock_sendall(
-                sock,
-                b"POST /v1/completions HTTP/1.1\r\nhost: bench\r\ncontent-type: application/json\r\n"
-                b"content-length: %d\r\n\r\n%s" % (len(payload), payload),
-            )
+            await loop.sock_sendall(sock, completion_request(body))
             loop.add_reader(sock.fileno(), readable)
             try:
                 await done

@@ -22,6 +22,7 @@ same run). Prints every figure; exits 1 when a target is missed.
 from __future__ import annotations
 
 import argparse
+import http.client
 import os
 import shutil
 import sqlite3
@@ -35,6 +36,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
@@ -54,6 +56,8 @@ PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 TABLE = REQUEST_TABLE.name
 COLUMNS = ", ".join(ROW_COLUMNS)
 CONFLICT = "ON CONFLICT (trace_id, span_id) DO NOTHING"
+POLL_S = 0.1
+"""How often the stored count is read while spans arrive (the rate errs low by at most this over the run)."""
 
 
 def prepared_rows(bodies: list[bytes], dialect: str) -> list[Row]:
@@ -148,8 +152,8 @@ class Collectors:
                     raise RuntimeError("collector did not start: " + err)
                 time.sleep(0.2)
 
-    def stored(self) -> int:
-        return sum(stored_rows(base) for base in self.bases)
+    def stored(self, client: httpx.Client) -> int:
+        return sum(stored_rows(client, base) for base in self.bases)
 
     def stop(self) -> None:
         for proc in self.procs:
@@ -184,7 +188,7 @@ def tree_cpu(pid: int) -> dict[int, float]:
 
 
 CPU: dict[str, list[float]] = {}
-"""Collector CPU microseconds per span of each end-to-end run, by back end: (main process, worker processes)."""
+"""CPU microseconds per span of the last end-to-end run: the collector's process, its worker processes, the sender."""
 
 
 def end_to_end(
@@ -206,16 +210,23 @@ def end_to_end(
         with body_file.open("wb") as f:
             for b in bodies:
                 f.write(len(b).to_bytes(4, "big") + b)
-        before = [tree_cpu(p.pid) for p in collectors.procs]
-        t = time.perf_counter()
         # as a module from the repository root: bench.collector imports tests.support
         cmd = [sys.executable, "-m", "bench.collector", "--send", ",".join(u + "/v1/traces" for u in collectors.bases)]
-        sender = subprocess.Popen([*cmd, "--bodies", str(body_file), "--senders", str(senders)], cwd=ROOT)
-        try:
-            while collectors.stored() < n:
-                if sender.poll() not in (None, 0):
-                    raise RuntimeError("sender failed")
-                time.sleep(0.05)
+        cmd += ["--bodies", str(body_file), "--senders", str(senders)]
+        sender = subprocess.Popen(cmd, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        assert sender.stdin is not None and sender.stdout is not None
+        try:  # the sender's start (its imports, the bodies read) is not timed: it says when it is ready
+            if sender.stdout.readline() != b"ready\n":
+                raise RuntimeError("sender did not start")
+            before = [tree_cpu(p.pid) for p in collectors.procs]
+            t = time.perf_counter()
+            sender.stdin.write(b"go\n")
+            sender.stdin.flush()
+            with httpx.Client(timeout=30) as poller:  # one connection: a client per poll costs a core's tenth
+                while collectors.stored(poller) < n:
+                    if sender.poll() not in (None, 0):
+                        raise RuntimeError("sender failed")
+                    time.sleep(POLL_S)
             took = time.perf_counter() - t
             after = [tree_cpu(p.pid) for p in collectors.procs]
             main = sum(a[p.pid] - b.get(p.pid, 0.0) for a, b, p in zip(after, before, collectors.procs, strict=True))
@@ -225,7 +236,9 @@ def end_to_end(
                 for pid, cpu in a.items()
                 if pid != p.pid
             )
-            CPU["last"] = [main / n * 1e6, workers / n * 1e6]
+            said = sender.stdout.readline().split()  # its own CPU seconds from go to the last answer
+            sender_cpu = float(said[1]) if len(said) == 2 and said[0] == b"cpu" else float("nan")
+            CPU["last"] = [main / n * 1e6, workers / n * 1e6, sender_cpu / n * 1e6]
             sender.wait(timeout=60)
         finally:
             if sender.poll() is None:
@@ -236,17 +249,18 @@ def end_to_end(
         collectors.stop()
 
 
-def stored_rows(base: str) -> int:
+def stored_rows(client: httpx.Client, base: str) -> int:
     """The collector's own count of stored rows (its self-metrics: cheaper than a COUNT over the table)."""
-    for line in httpx.get(base + "/metrics", timeout=30).text.splitlines():
+    for line in client.get(base + "/metrics").text.splitlines():
         if line.startswith(V.COLLECTOR_REQUESTS_STORED.name + " "):
             return int(float(line.split()[1]))
     return 0
 
 
 def send(urls: list[str], body_file: Path, senders: int) -> None:
-    """The sender process: ``senders`` connections POST the bodies (dealt out over ``urls``), retrying on 429/503
-    as OTLP clients do."""
+    """The sender process: ``senders`` keep-alive connections POST the bodies (dealt out over ``urls``), retrying
+    on 429/503 as OTLP clients do. The standard library's client: it shares the 2 cores with the collector, and
+    httpx spent about a fifth of a core here where this spends a few hundredths."""
     data = body_file.read_bytes()
     bodies, i = [], 0
     while i < len(data):
@@ -256,33 +270,48 @@ def send(urls: list[str], body_file: Path, senders: int) -> None:
     work = iter(enumerate(bodies))
     lock = threading.Lock()
     failures: list[str] = []
+    targets = [urlsplit(u) for u in urls]
 
     def run() -> None:
-        with httpx.Client(timeout=60) as client:
+        conns: dict[str, http.client.HTTPConnection] = {}
+        try:
             while True:
                 with lock:
                     item = next(work, None)
                 if item is None or failures:
                     return
                 index, body = item
-                url = urls[index % len(urls)]
+                target = targets[index % len(targets)]
                 while True:
-                    r = client.post(url, content=body, headers={"content-type": "application/x-protobuf"})
-                    if r.status_code == 200:
+                    conn = conns.get(target.netloc)
+                    if conn is None:
+                        conn = conns[target.netloc] = http.client.HTTPConnection(target.netloc, timeout=60)
+                    conn.request("POST", target.path, body, {"content-type": "application/x-protobuf"})
+                    response = conn.getresponse()
+                    answer = response.read()
+                    if response.status == 200:
                         break
-                    if r.status_code in (429, 503):
-                        time.sleep(float(r.headers.get("retry-after", "0.1")) / 20)
+                    if response.status in (429, 503):
+                        time.sleep(float(response.getheader("retry-after", "0.1")) / 20)
                         continue
-                    failures.append(f"collector answered {r.status_code}: {r.text[:200]}")
+                    failures.append(f"collector answered {response.status}: {answer[:200]!r}")
                     return
+        finally:
+            for conn in conns.values():
+                conn.close()
 
     threads = [threading.Thread(target=run) for _ in range(senders)]
+    print("ready", flush=True)
+    if sys.stdin.readline() != "go\n":
+        raise SystemExit("sender: no go")
+    cpu = time.process_time()
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     if failures:
         raise SystemExit(failures[0])
+    print(f"cpu {time.process_time() - cpu:.6f}", flush=True)
 
 
 def measure(backend: str, tmp: Path, bodies: list[bytes], args: argparse.Namespace, reset: Any) -> tuple[float, float]:
@@ -310,11 +339,12 @@ def measure(backend: str, tmp: Path, bodies: list[bytes], args: argparse.Namespa
         )
         limits.append(limit)
         e2es.append(e2e)
-        main_us, workers_us = CPU["last"]
+        main_us, workers_us, sender_us = CPU["last"]
         print(
             f"  {backend} round {r + 1}: limit {limit:,.0f} rows/s, "
             f"end to end {e2e:,.0f} spans/s ({e2e / limit:.2f}x); "
-            f"collector CPU per span {main_us:.1f} us in its process + {workers_us:.1f} us in worker processes"
+            f"collector CPU per span {main_us:.1f} us in its process + {workers_us:.1f} us in worker processes; "
+            f"sender {sender_us:.1f} us"
         )
     return max(limits), max(e2es)
 

@@ -64,13 +64,19 @@ def _encoder() -> json.JSONEncoder:
 
 def dumps(value: Any) -> str:
     """Compact JSON (floats round-trip exactly), as the spool and the attributes column hold it."""
+    out = _orjson(value)
+    return _encoder().encode(value) if out is None else out.decode()
+
+
+def _orjson(value: Any) -> bytes | None:
+    """orjson's JSON of ``value``; None where it refuses it or would change it (then the standard library's)."""
     try:
         out = orjson.dumps(value)
     except (TypeError, orjson.JSONEncodeError):  # a lone surrogate, an int beyond 64 bits, a non-str key…
-        return _encoder().encode(value)
+        return None
     if b"null" in out and _non_finite(value):  # orjson writes NaN and Infinity as null: keep them
-        return _encoder().encode(value)
-    return out.decode()
+        return None
+    return out
 
 
 def _non_finite(value: Any, depth: int = 0) -> bool:
@@ -130,9 +136,32 @@ def _line(record: RequestRecord, plain: tuple[Any, ...], start: datetime, end: d
     return f'{head[:-1]},"attributes":{attributes_json}}}'
 
 
+def _whole_line(record: RequestRecord) -> str | None:
+    """The spool line as orjson writes the dataclass itself (its fields in order, times in ISO 8601): for a
+    record with UTC times whose attributes orjson encodes as they are (checked by the caller); None when a
+    float field is not finite or orjson refuses a value (then :func:`_line`)."""
+    try:
+        if not math.isfinite(sum(filter(None, _floats(record)))):
+            return None
+        return orjson.dumps(record).decode()
+    except (TypeError, orjson.JSONEncodeError):
+        return None
+
+
+def _spool_line(record: RequestRecord, plain: tuple[Any, ...], start: datetime, end: datetime) -> tuple[str, str]:
+    """The record's spool line and its attributes' JSON (the column's text)."""
+    raw = _orjson(record.attributes)
+    if raw is not None and record.start_time.tzinfo is UTC and record.end_time.tzinfo is UTC:
+        line = _whole_line(record)  # one C call for the usual record: three times faster than assembling it
+        if line is not None:
+            return line, raw.decode()
+    attributes = _encoder().encode(record.attributes) if raw is None else raw.decode()
+    return _line(record, plain, start, end, attributes), attributes
+
+
 def record_to_json(record: RequestRecord) -> str:
     """One line of JSON (no newline inside); floats round-trip exactly."""
-    return _line(record, _plain(record), _utc(record.start_time), _utc(record.end_time), dumps(record.attributes))
+    return _spool_line(record, _plain(record), _utc(record.start_time), _utc(record.end_time))[0]
 
 
 def record_from_json(line: str | bytes) -> RequestRecord:
@@ -160,7 +189,7 @@ def prepare(records: Sequence[RequestRecord], dialect: str) -> tuple[list[Row], 
     for record in records:
         plain = _plain(record)
         start, end = _utc(record.start_time), _utc(record.end_time)
-        attributes = dumps(record.attributes)
+        line, attributes = _spool_line(record, plain, start, end)
         if sqlite:
             rows.append(
                 (
@@ -172,7 +201,7 @@ def prepare(records: Sequence[RequestRecord], dialect: str) -> tuple[list[Row], 
             )
         else:
             rows.append((*plain, start, end, attributes))
-        lines.append(_line(record, plain, start, end, attributes))
+        lines.append(line)
     return rows, lines
 
 
@@ -221,6 +250,7 @@ _TEXT_FIELDS: Final = (
     "error",
     "lora_adapter",
 )
+NUL: Final = "\x00"
 _PG_BAD_TEXT: Final = re.compile("[\x00\ud800-\udfff]")
 """PostgreSQL text and JSON hold neither NUL nor a lone surrogate."""
 _SURROGATE: Final = re.compile("[\ud800-\udfff]")
@@ -229,6 +259,19 @@ _SURROGATE: Final = re.compile("[\ud800-\udfff]")
 
 def _json_refusal(value: Any, depth: int = 0) -> str | None:
     """Why PostgreSQL's jsonb refuses ``value`` (NUL or a lone surrogate, a non-finite number), else None."""
+    if type(value) is dict and depth < 64:  # the usual attributes: flat, ASCII, finite, without a call per value
+        for k, v in value.items():
+            t = type(v)
+            if not (
+                (t is str and v.isascii() and NUL not in v)
+                or t is int
+                or t is bool
+                or v is None
+                or (t is float and math.isfinite(v))
+            ) or not (k.isascii() and NUL not in k):
+                break
+        else:
+            return None
     if isinstance(value, str):
         return "a NUL character or lone surrogate in an attribute" if _PG_BAD_TEXT.search(value) else None
     if isinstance(value, float):
@@ -266,8 +309,8 @@ def refusal(record: RequestRecord, dialect: str) -> str | None:
     postgres = dialect == "postgresql"
     for name in _TEXT_FIELDS:
         value = getattr(record, name)
-        if value is None or (value.isascii() and not postgres):
-            continue
+        if value is None or (value.isascii() and (not postgres or NUL not in value)):
+            continue  # ASCII holds no lone surrogate
         if (_PG_BAD_TEXT if postgres else _SURROGATE).search(value):
             return f"{name} has a character the database cannot store (NUL or a lone surrogate)"
     if dialect == "postgresql" and record.attributes:

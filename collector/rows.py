@@ -268,7 +268,7 @@ def _json_refusal(value: Any, depth: int = 0) -> str | None:
                 or t is bool
                 or v is None
                 or (t is float and math.isfinite(v))
-            ) or not (k.isascii() and NUL not in k):
+            ) or not (type(k) is str and k.isascii() and NUL not in k):
                 break
         else:
             return None

@@ -567,3 +567,42 @@ def test_retention_deletes_in_short_steps_between_inserts(store: Engine, tmp_pat
     assert stats.retention_longest_step < 0.25
     assert stored_during_pass > 0  # inserts went on between the steps
     assert count(store) == offered
+
+
+NUL_OR_SURROGATE = "a NUL character or lone surrogate in an attribute"
+NON_FINITE = "a non-finite number in an attribute"
+
+
+@pytest.mark.parametrize(
+    ("attributes", "reason"),
+    [
+        ({}, None),
+        ({"a": "x", "b": 1, "c": 0.5, "d": True, "e": None}, None),
+        ({"nul\x00key": 1}, NUL_OR_SURROGATE),
+        ({"k": "nul \x00 value"}, NUL_OR_SURROGATE),
+        ({"k": "lone \udc00 surrogate"}, NUL_OR_SURROGATE),
+        ({"k": "é non-ASCII but storable"}, None),
+        ({"k": float("nan")}, NON_FINITE),
+        ({"k": float("inf")}, NON_FINITE),
+        ({1: "a non-str key"}, None),
+        ({"k": ["a", {"deep": "\x00"}]}, NUL_OR_SURROGATE),
+        ({"k": {"nested": float("-inf")}}, NON_FINITE),
+        ({"k": ["é", 2, {"x": None}]}, None),
+    ],
+)
+def test_refusal_shortcut_says_what_the_walk_says(attributes: dict[Any, Any], reason: str | None) -> None:
+    """The flat-attribute shortcut of PostgreSQL's refusal check gives the full walk's answer, SQLite refuses none
+    of these, and each record's spool line (orjson's encoding of the record where it can) reads back the same."""
+    import json
+
+    from inferwatch.collector import rows
+
+    record = make_record(1, attributes=attributes)
+    assert rows.refusal(record, "postgresql") == reason
+    assert rows.refusal(record, "sqlite") is None
+    back = record_from_json(record_to_json(record))
+    expected = {str(k): v for k, v in attributes.items()}  # JSON keys are strings
+    assert json.dumps(back.attributes, sort_keys=True) == json.dumps(expected, sort_keys=True)
+    assert {f: getattr(back, f) for f in RECORD_FIELDS - {"attributes"}} == {
+        f: getattr(record, f) for f in RECORD_FIELDS - {"attributes"}
+    }

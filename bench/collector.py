@@ -9,9 +9,10 @@
    OTLP/HTTP protobuf bodies of 512 from a sender process (``--senders`` concurrent keep-alive connections, as
    several engines export at once); the rate is stored rows per second from the first send until the last row
    is stored (read from the collector's self-metrics every 0.1 s over one connection). The sender starts, reads
-   its bodies and says it is ready before the clock starts; it reports its own CPU, which shares the 2 cores. **Targets: >= 0.8x the limit on SQLite, >= 0.7x on PostgreSQL** (the local server, a scratch
-   schema). Limit and end to end are measured in interleaved rounds (``--rounds``), the best of each side
-   compared, so that a busy moment of the shared machine does not decide the ratio.
+   its bodies and says it is ready before the clock starts; it reports its own CPU, which shares the 2 cores.
+   **Targets: >= 0.8x the limit on SQLite, >= 0.7x on PostgreSQL** (the local server, a scratch schema). Limit
+   and end to end are measured in interleaved rounds (``--rounds``), the best of each side compared, so that a
+   busy moment of the shared machine does not decide the ratio.
 (``/api/v1/stats`` at scale: bench/stats.py.)
 
 ``--ingest-processes N`` sets the collector's worker processes, ``--replicas K`` runs K collector processes on

@@ -116,17 +116,22 @@ def record_from_dict(data: dict[str, Any]) -> RequestRecord:
     return RequestRecord(**values)
 
 
+def _floats_finite(record: RequestRecord) -> bool:
+    """Every float field is a finite number or None (orjson would write NaN and Infinity as null); False also
+    for a value that is not a number, which the standard library's encoder then names."""
+    try:
+        return math.isfinite(sum(filter(None, _floats(record))))
+    except TypeError:
+        return False
+
+
 def _line(record: RequestRecord, plain: tuple[Any, ...], start: datetime, end: datetime, attributes_json: str) -> str:
     """The spool line of a record from its parts (the attributes' JSON spliced in, not encoded again)."""
     data = dict(zip(_PLAIN, plain, strict=True))
     data["start_time"] = start.isoformat()
     data["end_time"] = end.isoformat()
-    try:
-        finite = math.isfinite(sum(filter(None, _floats(record))))
-    except TypeError:  # not a number where a float belongs: the standard library's encoder says what it is
-        finite = False
     head = None
-    if finite:
+    if _floats_finite(record):
         try:
             head = orjson.dumps(data).decode()
         except (TypeError, orjson.JSONEncodeError):  # a lone surrogate, an int beyond 64 bits…
@@ -140,9 +145,9 @@ def _whole_line(record: RequestRecord) -> str | None:
     """The spool line as orjson writes the dataclass itself (its fields in order, times in ISO 8601): for a
     record with UTC times whose attributes orjson encodes as they are (checked by the caller); None when a
     float field is not finite or orjson refuses a value (then :func:`_line`)."""
+    if not _floats_finite(record):
+        return None
     try:
-        if not math.isfinite(sum(filter(None, _floats(record)))):
-            return None
         return orjson.dumps(record).decode()
     except (TypeError, orjson.JSONEncodeError):
         return None

@@ -70,6 +70,7 @@ __all__ = [
     "ROLLUP_TABLE",
     "TABLE_NAME",
     "UTCDateTime",
+    "VALUES_TABLE",
 ]
 
 NAMING_CONVENTION: Final[dict[str, str]] = {
@@ -311,6 +312,21 @@ ROLLUP_TABLE: Final = Table(
 instance): counts, token sums (and how many rows reported them), and per latency column the rows with a value
 and their log-bucket counts (:mod:`inferwatch.collector.sketch`). Maintained from the request table by
 :mod:`inferwatch.collector.rollup`; ``rollup_state`` says up to which row id."""
+
+VALUES_TABLE: Final = Table(
+    "request_values",
+    METADATA,
+    Column("id", ID_TYPE, primary_key=True, autoincrement=True),
+    Column("period_seconds", Integer, nullable=False),
+    Column("period_start", UTCDateTime, nullable=False),
+    Column("series", Text, nullable=False),
+    Column("counts", LargeBinary, nullable=False),
+    Column("vals", LargeBinary, nullable=False),
+    Index("ix_request_values_period_seconds", "period_seconds", "period_start", unique=True),
+)
+"""Per minute (``period_seconds`` 60): every latency value of the requests that ended in it, per series and
+field, sorted (:mod:`inferwatch.collector.values` has the layout): a small window's exact percentiles without
+reading its rows. Maintained with the rollups, in the same transactions."""
 
 ROLLUP_STATE_TABLE: Final = Table(
     "rollup_state",

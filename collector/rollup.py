@@ -3,8 +3,8 @@
 Off the writer's path: a background thread of each collector (:class:`RollupJob`, started and stopped with
 it) reads the request rows above the watermark (``rollup_state.folded_id``) in id order and adds them to the
 rollups of the minute and the hour each ended in (per engine, model and instance: counts, token sums, and a
-log-bucket sketch per latency column, :mod:`inferwatch.collector.sketch`), and moves the watermark in the same
-transaction. Idempotent: the watermark moves only from the value the pass read (compare and set), so a pass that
+log-bucket sketch per latency column, :mod:`inferwatch.collector.sketch`) and to the minute's value block
+(:mod:`inferwatch.collector.values`), and moves the watermark in the same transaction. Idempotent: the watermark moves only from the value the pass read (compare and set), so a pass that
 raced another one, or died half way, folds nothing twice. Across collector replicas on one PostgreSQL, one pass
 runs at a time (a session advisory lock; the others skip that round).
 
@@ -16,7 +16,7 @@ shorter). Rows reach the rollups :data:`GRACE_S` to 2 x :data:`GRACE_S` + :data:
 they are stored; readers add the rows above the watermark from the table itself, so answers never lag. SQLite
 commits one writer at a time in id order: no grace there.
 
-Retention: rollups whose period ended more than a day before the oldest stored request are deleted.
+Retention: rollups and value blocks whose period ended more than a day before the oldest stored request are deleted.
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ from typing import Any, Final
 from sqlalchemy import Connection, Engine, bindparam, case, delete, func, insert, select, text, update
 from sqlalchemy.sql.elements import ColumnElement
 
-from inferwatch.collector import db, sketch
-from inferwatch.collector.models import REQUEST_TABLE, ROLLUP_FIELDS, ROLLUP_STATE_TABLE, ROLLUP_TABLE
+from inferwatch.collector import db, sketch, values
+from inferwatch.collector.models import REQUEST_TABLE, ROLLUP_FIELDS, ROLLUP_STATE_TABLE, ROLLUP_TABLE, VALUES_TABLE
 from inferwatch.core.schema import GENERATION_TOKENS, PROMPT_TOKENS
 
 log = logging.getLogger("inferwatch.collector")
@@ -191,6 +191,50 @@ def fold_rows(rows: Any) -> dict[Key, Partial]:
     return {(_minute(k[0]), k[1], k[2], k[3]): p for k, p in parts.items()}
 
 
+def value_blocks(rows: Any) -> dict[datetime, values.Block]:
+    """Per minute: the value block of raw rows (of :func:`raw_columns`)."""
+    per: dict[Any, values.Block] = {}
+    nf = len(ROLLUP_FIELDS)
+    for minute, engine, model, instance, _failed, _pt, _gt, *vals in rows:
+        b = per.get(minute)
+        if b is None:
+            b = per[minute] = values.Block(nf)
+        b.add((engine, model, instance), vals)
+    return {_minute(k): b for k, b in per.items()}
+
+
+def _write_values(conn: Connection, blocks: dict[datetime, values.Block]) -> None:
+    """Add ``blocks`` into the stored minute blocks (merge into the existing rows, insert the others)."""
+    v = VALUES_TABLE
+    nf = len(ROLLUP_FIELDS)
+    starts = sorted(blocks)
+    existing: dict[datetime, tuple[int, values.Block]] = {}
+    for i in range(0, len(starts), 500):
+        q = select(v.c.id, v.c.period_start, v.c.series, v.c.counts, v.c.vals).where(
+            v.c.period_seconds == 60, v.c.period_start.in_(starts[i : i + 500])
+        )
+        for rid, start, series, counts, vals in conn.execute(q).all():
+            existing[start] = (rid, values.Block.decode(nf, series, counts, vals))
+    updates, inserts = [], []
+    for start, b in blocks.items():
+        old = existing.get(start)
+        if old is not None:
+            old[1].merge(b)
+            series, counts, vals = old[1].encode()
+            updates.append({"rid": old[0], "v_series": series, "v_counts": counts, "v_vals": vals})
+        else:
+            series, counts, vals = b.encode()
+            inserts.append({"period_seconds": 60, "period_start": start, "series": series, "counts": counts,
+                            "vals": vals})  # fmt: skip
+    if updates:
+        stmt = update(v).where(v.c.id == bindparam("rid")).values(
+            series=bindparam("v_series"), counts=bindparam("v_counts"), vals=bindparam("v_vals")
+        )
+        conn.execute(stmt, updates)
+    if inserts:
+        conn.execute(insert(v), inserts)
+
+
 def by_period(minutes: dict[Key, Partial]) -> dict[int, dict[Key, Partial]]:
     """The minute partials, and the same folded into their hours."""
     hours: dict[Key, Partial] = {}
@@ -299,6 +343,7 @@ def _fold(conn: Connection, result: FoldResult, grace: float, budget: float, chu
         rows = conn.execute(select(*cols).where(t.c.id > folded, t.c.id <= upto)).all()
         conn.commit()
         parts = by_period(fold_rows(rows))
+        blocks = value_blocks(rows)
         with conn.begin():
             # compare and set: a pass that raced this one (or an earlier life of it) moved the watermark first
             moved = conn.execute(
@@ -312,6 +357,7 @@ def _fold(conn: Connection, result: FoldResult, grace: float, budget: float, chu
                 conn.execute(insert(s).values(name=STATE_NAME, folded_id=upto, updated_at=now))
             for period, p in parts.items():
                 _write(conn, period, p)
+            _write_values(conn, blocks)
         result.folded += len(rows)
         folded = result.watermark = upto
         if time.monotonic() - started > budget and folded < target:
@@ -326,8 +372,9 @@ def _fold(conn: Connection, result: FoldResult, grace: float, budget: float, chu
             conn.execute(insert(s).values(name=STATE_NAME, folded_id=folded, **values))
         oldest = conn.execute(select(func.min(t.c.start_time))).scalar_one_or_none()
         if oldest is not None:
-            r = ROLLUP_TABLE
-            conn.execute(delete(r).where(r.c.period_start < oldest - ROLLUP_RETENTION - timedelta(hours=1)))
+            cut = oldest - ROLLUP_RETENTION - timedelta(hours=1)
+            conn.execute(delete(ROLLUP_TABLE).where(ROLLUP_TABLE.c.period_start < cut))
+            conn.execute(delete(VALUES_TABLE).where(VALUES_TABLE.c.period_start < cut))
 
 
 def catch_up(engine: Engine, *, grace: float = 0.0, chunk: int = CHUNK) -> int:

@@ -210,7 +210,7 @@ class StatsGroup(Schema):
     """only when an SLO is given."""
 
 
-StatsPlan = Literal["raw", "scan", "index", "sketch", "walk"]
+StatsPlan = Literal["values", "raw", "scan", "index", "sketch", "walk"]
 
 
 class Stats(Schema):
@@ -222,7 +222,8 @@ class Stats(Schema):
     """... and before this; null: no bound."""
     group_by: GroupBy
     plan: StatsPlan = "walk"
-    """how the percentiles were found: ``raw`` (exact; a small window's rows sorted), ``scan`` (exact; the
+    """how the percentiles were found: ``values`` (exact; a small window's values from the per-minute value
+    blocks, sorted), ``raw`` (exact; a small window's rows sorted), ``scan`` (exact; the
     window's rows in the percentiles' buckets),
     ``index`` (exact; those buckets read from the covering latency indexes), ``sketch`` (the rollups' log
     buckets, within ``relative_error``), ``walk`` (exact; index walks, while the rollups are far behind)."""

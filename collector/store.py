@@ -45,8 +45,8 @@ from sqlalchemy import (
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql.elements import ColumnElement
 
-from inferwatch.collector import db, rollup, sketch
-from inferwatch.collector.models import REQUEST_TABLE, ROLLUP_STATE_TABLE, ROLLUP_TABLE
+from inferwatch.collector import db, rollup, sketch, values
+from inferwatch.collector.models import REQUEST_TABLE, ROLLUP_STATE_TABLE, ROLLUP_TABLE, VALUES_TABLE
 from inferwatch.collector.schemas import (
     FieldStats,
     GroupBy,
@@ -391,22 +391,22 @@ def _state(conn: Connection) -> _State:
     return _State(row[0], row[1], int(row[2] or 0), None if oldest is None else _aware(oldest), float(row[4] or 0.0))
 
 
-def _rollup_aggs(
-    conn: Connection, w: _Window, filters: StatsFilter, group_by: GroupBy, st: _State
-) -> tuple[dict[Any, _Agg], datetime, datetime | None]:
-    """Per group: the rollups of the window's whole minutes (whole hours where they fit) and the raw rows of its
-    edges and above the watermark; the (minute-aligned) range the rollups answered."""
-    t = REQUEST_TABLE
-    r = ROLLUP_TABLE
-    folded, oldest, longest = st.folded, st.oldest, st.longest
+def _rollup_range(w: _Window, st: _State) -> tuple[datetime, datetime | None]:
+    """The minute-aligned part [r0, r1) of the window that the rollups (and value blocks) answer; the rest is
+    read raw."""
     start = w.start
-    if oldest is not None:
+    if st.oldest is not None:
         # rows deleted by retention started before the oldest stored one; those that ended after it may still
         # be counted in the rollups: read that stretch raw
-        frontier = _aware(oldest) + timedelta(seconds=float(longest) + 60)
+        frontier = _aware(st.oldest) + timedelta(seconds=float(st.longest) + 60)
         start = max(start, frontier)
     r0 = _ceil(start, MINUTE)
     r1 = None if w.end is None else max(r0, _floor(w.end, MINUTE))
+    return r0, r1
+
+
+def _periods(r0: datetime, r1: datetime | None) -> list[tuple[int, datetime, datetime | None]]:
+    """[r0, r1) as (period seconds, start, end): whole hours in hour rollups, the minutes around them."""
     h0 = _ceil(r0, HOUR)
     h1 = None if r1 is None else _floor(r1, HOUR)
     periods: list[tuple[int, datetime, datetime | None]] = []
@@ -416,9 +416,21 @@ def _rollup_aggs(
         periods += [(60, r0, h0), (3600, h0, h1)]
         if h1 is not None:
             periods.append((60, h1, r1))
+    return periods
+
+
+def _rollup_aggs(
+    conn: Connection, w: _Window, filters: StatsFilter, group_by: GroupBy, st: _State
+) -> tuple[dict[Any, _Agg], datetime, datetime | None]:
+    """Per group: the rollups of the window's whole minutes (whole hours where they fit) and the raw rows of its
+    edges and above the watermark; the (minute-aligned) range the rollups answered."""
+    t = REQUEST_TABLE
+    r = ROLLUP_TABLE
+    folded = st.folded
+    r0, r1 = _rollup_range(w, st)
     aggs: dict[Any, _Agg] = {}
     fcond = [r.c[name] == value for name, value in filters.items()]
-    for period, a, b in periods:
+    for period, a, b in _periods(r0, r1):
         if b is not None and b <= a:
             continue
         conds = [r.c.period_seconds == period, r.c.period_start >= a, *fcond]
@@ -716,8 +728,16 @@ def _raw(
         for lst, v in zip(g[7], values, strict=True):
             if v is not None:
                 lst.append(v)
+    return _exact_entries(groups)
+
+
+def _exact_entries(groups: dict[Any, list[Any]]) -> list[dict[str, Any]]:
+    """Entries from each group's [requests, failed, prompt tokens, rows with them, generation tokens, rows with
+    them, good, per-field values]: the values sorted, the nearest ranks picked."""
     entries = []
     for key, (requests, failed, pt, ptn, gt, gtn, ok, lists) in groups.items():
+        if not requests:
+            continue
         entry: dict[str, Any] = {"key": key, "requests": requests, "failed": failed, "good": ok}
         entry.update(prompt_tokens=pt if ptn else None, generation_tokens=gt if gtn else None)
         for f, vs in zip(STAT_FIELDS, lists, strict=True):
@@ -733,6 +753,97 @@ def _raw(
             )
         entries.append(entry)
     return entries
+
+
+_SERIES_INDEX: Final = {"engine": 0, "model": 1, "instance": 2}
+
+
+def _values(
+    conn: Connection, w: _Window, filters: StatsFilter, group_by: GroupBy, st: _State
+) -> list[dict[str, Any]]:
+    """A small window, exactly, without reading its rows: counts and token sums from the rollups (summed by the
+    database), the values from the minute value blocks (sorted runs, sliced per group), the edges and the rows
+    above the watermark read raw, as :func:`_rollup_aggs` does."""
+    t = REQUEST_TABLE
+    r = ROLLUP_TABLE
+    v = VALUES_TABLE
+    r0, r1 = _rollup_range(w, st)
+    nf = len(STAT_FIELDS)
+    groups: dict[Any, list[Any]] = {}
+    expected: dict[Any, list[int]] = {}
+    gi = None if group_by == "none" else _SERIES_INDEX[group_by]
+    wanted = [(_SERIES_INDEX[name], value) for name, value in filters.items()]
+
+    def group(key: Any) -> list[Any]:
+        g = groups.get(key)
+        if g is None:
+            g = groups[key] = [0, 0, 0, 0, 0, 0, 0, [[] for _ in STAT_FIELDS]]
+        return g
+
+    if r1 is None or r1 > r0:
+        fcond = [r.c[name] == value for name, value in filters.items()]
+        spans = [
+            and_(r.c.period_seconds == period, r.c.period_start >= a, *([] if b is None else [r.c.period_start < b]))
+            for period, a, b in _periods(r0, r1)
+            if b is None or b > a
+        ]
+        gcol = [] if gi is None else [r.c[group_by]]
+        q = select(*gcol, func.sum(r.c.requests), func.sum(r.c.failed), func.sum(r.c[PROMPT_TOKENS]),
+                   func.sum(r.c[f"{PROMPT_TOKENS}_count"]), func.sum(r.c[GENERATION_TOKENS]),
+                   func.sum(r.c[f"{GENERATION_TOKENS}_count"]),
+                   *(func.sum(r.c[f"{f}_count"]) for f in STAT_FIELDS)).where(or_(*spans), *fcond)  # fmt: skip
+        if gcol:
+            q = q.group_by(*gcol)
+        for row in conn.execute(q).all():
+            tup = tuple(row)
+            key = tup[0] if gcol else None
+            sums = tup[1:] if gcol else tup
+            if not sums[0]:
+                continue
+            g = group(key)
+            for k in range(6):
+                g[k] += int(sums[k] or 0)
+            expected[key] = [int(x or 0) for x in sums[6:]]
+
+        def group_of(k: values.SeriesKey) -> list[list[float]] | None:
+            if any(k[i] != value for i, value in wanted):
+                return None
+            return group(None if gi is None else k[gi])[7]  # type: ignore[no-any-return]
+
+        reader = values.Reader(nf, group_of)
+        vq = select(v.c.series, v.c.counts, v.c.vals).where(v.c.period_seconds == 60, v.c.period_start >= r0)
+        if r1 is not None:
+            vq = vq.where(v.c.period_start < r1)
+        for series, counts, vals in conn.execute(vq).all():
+            reader.add(series, counts, vals)
+        for key, g in groups.items():
+            got = [len(lst) for lst in g[7]]
+            if got != expected.get(key, [0] * nf):
+                raise _Inconsistent(f"value blocks of {key!r}: {got} values, rollups {expected.get(key)}")
+    base = w.conds(filters)
+    edges = [t.c.end_time < r0]
+    if r1 is not None:
+        edges.append(t.c.end_time >= r1)
+    group_col = [] if gi is None else [t.c[group_by]]
+    cols = [*group_col, case((rollup.failed_condition(), 1), else_=0), t.c[PROMPT_TOKENS], t.c[GENERATION_TOKENS],
+            *(t.c[f] for f in STAT_FIELDS)]  # fmt: skip
+    for cond in (and_(*base, t.c.id <= st.folded, or_(*edges)), and_(*base, t.c.id > st.folded)):
+        for raw_row in conn.execute(select(*cols).where(cond)).all():
+            tup = tuple(raw_row)
+            g = group(tup[0] if group_col else None)
+            failed, pt, gt, *vals = tup[1:] if group_col else tup
+            g[0] += 1
+            g[1] += failed
+            if pt is not None:
+                g[2] += pt
+                g[3] += 1
+            if gt is not None:
+                g[4] += gt
+                g[5] += 1
+            for lst, x in zip(g[7], vals, strict=True):
+                if x is not None:
+                    lst.append(x)
+    return _exact_entries(groups)
 
 
 def _raw_in_database(
@@ -923,8 +1034,19 @@ def compute_stats(
                     select(t.c.id).where(t.c.end_time >= start).order_by(t.c.end_time).limit(1)
                 ).scalar_one_or_none()
                 if first is None or int(ids[1]) - int(first) <= RAW_LIMIT:
+                    chosen = "values" if int(ids[1]) - folded <= TAIL_LIMIT else "raw"
+            if chosen == "values":
+                try:
+                    entries = _values(conn, w, filters, group_by, st)
+                except _Inconsistent as exc:
+                    log.warning("stats: value blocks disagree with the rollups (%s); reading the rows", exc)
                     chosen = "raw"
-            if chosen == "raw":
+            if chosen == "values":
+                if slos:
+                    goods = _goodput_counts(conn, w, filters, group_by, good)
+                    for e in entries:
+                        e["good"] = goods.get(e["key"], 0)
+            elif chosen == "raw":
                 entries = _raw(conn, w, filters, group_by, good)
             elif plan == "walk" or (plan is None and int(ids[1]) - folded > TAIL_LIMIT):
                 chosen = "walk"

@@ -69,8 +69,8 @@ __all__ = [
     "ROLLUP_STATE_TABLE",
     "ROLLUP_TABLE",
     "TABLE_NAME",
-    "UTCDateTime",
     "VALUES_TABLE",
+    "UTCDateTime",
 ]
 
 NAMING_CONVENTION: Final[dict[str, str]] = {
@@ -326,7 +326,7 @@ VALUES_TABLE: Final = Table(
 )
 """Per minute (``period_seconds`` 60): every latency value of the requests that ended in it, per series and
 field, sorted (:mod:`inferwatch.collector.values` has the layout): a small window's exact percentiles without
-reading its rows. Maintained with the rollups, in the same transactions."""
+reading its rows. Maintained with the rollups, in the same transactions, on SQLite (empty on PostgreSQL)."""
 
 ROLLUP_STATE_TABLE: Final = Table(
     "rollup_state",

@@ -3,9 +3,10 @@
 Off the writer's path: a background thread of each collector (:class:`RollupJob`, started and stopped with
 it) reads the request rows above the watermark (``rollup_state.folded_id``) in id order and adds them to the
 rollups of the minute and the hour each ended in (per engine, model and instance: counts, token sums, and a
-log-bucket sketch per latency column, :mod:`inferwatch.collector.sketch`) and to the minute's value block
-(:mod:`inferwatch.collector.values`), and moves the watermark in the same transaction. Idempotent: the watermark moves only from the value the pass read (compare and set), so a pass that
-raced another one, or died half way, folds nothing twice. Across collector replicas on one PostgreSQL, one pass
+log-bucket sketch per latency column, :mod:`inferwatch.collector.sketch`) and, on SQLite, to the minute's
+value block (:mod:`inferwatch.collector.values`), and moves the watermark in the same transaction.
+Idempotent: the watermark moves only from the value the pass read (compare and set), so a pass that raced
+another one, or died half way, folds nothing twice. Across collector replicas on one PostgreSQL, one pass
 runs at a time (a session advisory lock; the others skip that round).
 
 Which rows are safe to fold: on PostgreSQL, ids are drawn from a sequence when a row is inserted, but the
@@ -182,12 +183,12 @@ def _minute(value: Any) -> datetime:
 def fold_rows(rows: Any) -> dict[Key, Partial]:
     """Per-minute partial aggregates of raw rows (of :func:`raw_columns`)."""
     parts: dict[Any, Partial] = {}
-    for minute, engine, model, instance, failed, pt, gt, *values in rows:
+    for minute, engine, model, instance, failed, pt, gt, *vals in rows:
         key = (minute, engine, model, instance)
         p = parts.get(key)
         if p is None:
             p = parts[key] = Partial()
-        p.add_row(failed, pt, gt, tuple(values))
+        p.add_row(failed, pt, gt, tuple(vals))
     return {(_minute(k[0]), k[1], k[2], k[3]): p for k, p in parts.items()}
 
 
@@ -195,11 +196,11 @@ def value_blocks(rows: Any) -> dict[datetime, values.Block]:
     """Per minute: the value block of raw rows (of :func:`raw_columns`)."""
     per: dict[Any, values.Block] = {}
     nf = len(ROLLUP_FIELDS)
-    for minute, engine, model, instance, _failed, _pt, _gt, *vals in rows:
+    for minute, engine, model, instance, failed, pt, gt, *vals in rows:
         b = per.get(minute)
         if b is None:
             b = per[minute] = values.Block(nf)
-        b.add((engine, model, instance), vals)
+        b.add((engine, model, instance), failed, pt, gt, vals)
     return {_minute(k): b for k, b in per.items()}
 
 
@@ -227,8 +228,10 @@ def _write_values(conn: Connection, blocks: dict[datetime, values.Block]) -> Non
             inserts.append({"period_seconds": 60, "period_start": start, "series": series, "counts": counts,
                             "vals": vals})  # fmt: skip
     if updates:
-        stmt = update(v).where(v.c.id == bindparam("rid")).values(
-            series=bindparam("v_series"), counts=bindparam("v_counts"), vals=bindparam("v_vals")
+        stmt = (
+            update(v)
+            .where(v.c.id == bindparam("rid"))
+            .values(series=bindparam("v_series"), counts=bindparam("v_counts"), vals=bindparam("v_vals"))
         )
         conn.execute(stmt, updates)
     if inserts:
@@ -327,6 +330,7 @@ def _fold(conn: Connection, result: FoldResult, grace: float, budget: float, chu
           started: float) -> None:  # fmt: skip
     t = REQUEST_TABLE
     s = ROLLUP_STATE_TABLE
+    postgres = conn.dialect.name == "postgresql"
     folded, seen_id, seen_at = read_state(conn)
     newest = conn.execute(select(func.max(t.c.id))).scalar_one_or_none() or 0
     conn.commit()
@@ -343,7 +347,7 @@ def _fold(conn: Connection, result: FoldResult, grace: float, budget: float, chu
         rows = conn.execute(select(*cols).where(t.c.id > folded, t.c.id <= upto)).all()
         conn.commit()
         parts = by_period(fold_rows(rows))
-        blocks = value_blocks(rows)
+        blocks = None if postgres else value_blocks(rows)
         with conn.begin():
             # compare and set: a pass that raced this one (or an earlier life of it) moved the watermark first
             moved = conn.execute(
@@ -357,7 +361,8 @@ def _fold(conn: Connection, result: FoldResult, grace: float, budget: float, chu
                 conn.execute(insert(s).values(name=STATE_NAME, folded_id=upto, updated_at=now))
             for period, p in parts.items():
                 _write(conn, period, p)
-            _write_values(conn, blocks)
+            if blocks is not None:
+                _write_values(conn, blocks)
         result.folded += len(rows)
         folded = result.watermark = upto
         if time.monotonic() - started > budget and folded < target:

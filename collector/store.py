@@ -758,19 +758,14 @@ def _exact_entries(groups: dict[Any, list[Any]]) -> list[dict[str, Any]]:
 _SERIES_INDEX: Final = {"engine": 0, "model": 1, "instance": 2}
 
 
-def _values(
-    conn: Connection, w: _Window, filters: StatsFilter, group_by: GroupBy, st: _State
-) -> list[dict[str, Any]]:
-    """A small window, exactly, without reading its rows: counts and token sums from the rollups (summed by the
-    database), the values from the minute value blocks (sorted runs, sliced per group), the edges and the rows
-    above the watermark read raw, as :func:`_rollup_aggs` does."""
+def _values(conn: Connection, w: _Window, filters: StatsFilter, group_by: GroupBy, st: _State) -> list[dict[str, Any]]:
+    """A small window, exactly, without reading its rows: counts, token sums and values from the minute value
+    blocks (sorted runs, sliced per group), the edges and the rows above the watermark read raw, as
+    :func:`_rollup_aggs` does. Like the sketch plan, it trusts the watermark (the rollup job's grace)."""
     t = REQUEST_TABLE
-    r = ROLLUP_TABLE
     v = VALUES_TABLE
     r0, r1 = _rollup_range(w, st)
-    nf = len(STAT_FIELDS)
     groups: dict[Any, list[Any]] = {}
-    expected: dict[Any, list[int]] = {}
     gi = None if group_by == "none" else _SERIES_INDEX[group_by]
     wanted = [(_SERIES_INDEX[name], value) for name, value in filters.items()]
 
@@ -781,45 +776,18 @@ def _values(
         return g
 
     if r1 is None or r1 > r0:
-        fcond = [r.c[name] == value for name, value in filters.items()]
-        spans = [
-            and_(r.c.period_seconds == period, r.c.period_start >= a, *([] if b is None else [r.c.period_start < b]))
-            for period, a, b in _periods(r0, r1)
-            if b is None or b > a
-        ]
-        gcol = [] if gi is None else [r.c[group_by]]
-        q = select(*gcol, func.sum(r.c.requests), func.sum(r.c.failed), func.sum(r.c[PROMPT_TOKENS]),
-                   func.sum(r.c[f"{PROMPT_TOKENS}_count"]), func.sum(r.c[GENERATION_TOKENS]),
-                   func.sum(r.c[f"{GENERATION_TOKENS}_count"]),
-                   *(func.sum(r.c[f"{f}_count"]) for f in STAT_FIELDS)).where(or_(*spans), *fcond)  # fmt: skip
-        if gcol:
-            q = q.group_by(*gcol)
-        for row in conn.execute(q).all():
-            tup = tuple(row)
-            key = tup[0] if gcol else None
-            sums = tup[1:] if gcol else tup
-            if not sums[0]:
-                continue
-            g = group(key)
-            for k in range(6):
-                g[k] += int(sums[k] or 0)
-            expected[key] = [int(x or 0) for x in sums[6:]]
 
-        def group_of(k: values.SeriesKey) -> list[list[float]] | None:
+        def group_of(k: values.SeriesKey) -> list[Any] | None:
             if any(k[i] != value for i, value in wanted):
                 return None
-            return group(None if gi is None else k[gi])[7]  # type: ignore[no-any-return]
+            return group(None if gi is None else k[gi])
 
-        reader = values.Reader(nf, group_of)
+        reader = values.Reader(len(STAT_FIELDS), group_of)
         vq = select(v.c.series, v.c.counts, v.c.vals).where(v.c.period_seconds == 60, v.c.period_start >= r0)
         if r1 is not None:
             vq = vq.where(v.c.period_start < r1)
         for series, counts, vals in conn.execute(vq).all():
             reader.add(series, counts, vals)
-        for key, g in groups.items():
-            got = [len(lst) for lst in g[7]]
-            if got != expected.get(key, [0] * nf):
-                raise _Inconsistent(f"value blocks of {key!r}: {got} values, rollups {expected.get(key)}")
     base = w.conds(filters)
     edges = [t.c.end_time < r0]
     if r1 is not None:
@@ -827,22 +795,22 @@ def _values(
     group_col = [] if gi is None else [t.c[group_by]]
     cols = [*group_col, case((rollup.failed_condition(), 1), else_=0), t.c[PROMPT_TOKENS], t.c[GENERATION_TOKENS],
             *(t.c[f] for f in STAT_FIELDS)]  # fmt: skip
-    for cond in (and_(*base, t.c.id <= st.folded, or_(*edges)), and_(*base, t.c.id > st.folded)):
-        for raw_row in conn.execute(select(*cols).where(cond)).all():
-            tup = tuple(raw_row)
-            g = group(tup[0] if group_col else None)
-            failed, pt, gt, *vals = tup[1:] if group_col else tup
-            g[0] += 1
-            g[1] += failed
-            if pt is not None:
-                g[2] += pt
-                g[3] += 1
-            if gt is not None:
-                g[4] += gt
-                g[5] += 1
-            for lst, x in zip(g[7], vals, strict=True):
-                if x is not None:
-                    lst.append(x)
+    # one statement: the edges below the watermark and every row above it
+    for raw_row in conn.execute(select(*cols).where(*base, or_(t.c.id > st.folded, *edges))).all():
+        tup = tuple(raw_row)
+        g = group(tup[0] if group_col else None)
+        failed, pt, gt, *vals = tup[1:] if group_col else tup
+        g[0] += 1
+        g[1] += failed
+        if pt is not None:
+            g[2] += pt
+            g[3] += 1
+        if gt is not None:
+            g[4] += gt
+            g[5] += 1
+        for lst, x in zip(g[7], vals, strict=True):
+            if x is not None:
+                lst.append(x)
     return _exact_entries(groups)
 
 
@@ -1035,13 +1003,10 @@ def compute_stats(
                 ).scalar_one_or_none()
                 if first is None or int(ids[1]) - int(first) <= RAW_LIMIT:
                     chosen = "values" if int(ids[1]) - folded <= TAIL_LIMIT else "raw"
+            if chosen == "values" and postgres:
+                chosen = "raw"  # no value blocks there: percentile_disc over the rows is faster (see values)
             if chosen == "values":
-                try:
-                    entries = _values(conn, w, filters, group_by, st)
-                except _Inconsistent as exc:
-                    log.warning("stats: value blocks disagree with the rollups (%s); reading the rows", exc)
-                    chosen = "raw"
-            if chosen == "values":
+                entries = _values(conn, w, filters, group_by, st)
                 if slos:
                     goods = _goodput_counts(conn, w, filters, group_by, good)
                     for e in entries:

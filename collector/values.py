@@ -2,12 +2,13 @@
 
 The rollups' sketches locate a percentile within 1%; a small window's exact percentiles need the values
 themselves, and reading them row by row from the request table costs as much as sorting them (a row of the
-table is ~700 bytes; its four latencies are 32). A block holds one minute's values compactly: ``series`` (JSON,
-the sorted ``[engine, model, instance]`` keys), ``counts`` (int64, field-major: the values of field ``j`` of
-series ``s`` at ``counts[j * S + s]``) and ``vals`` (float64, field-major, each series' values of a field
-sorted). Both arrays little-endian. A window then reads one row per minute, slices each group's values and
-sorts runs that are already sorted. Maintained with the rollups, in the same transactions
-(:mod:`inferwatch.collector.rollup`).
+table is ~700 bytes; its four latencies are 32). A block holds one minute's requests compactly: ``series``
+(JSON, the sorted ``[engine, model, instance]`` keys), ``counts`` (int64, row-major by quantity: for each of
+:data:`TOTALS` and then each field, one number per series: ``counts[k * S + s]``) and ``vals`` (float64,
+field-major, each series' values of a field sorted). Both arrays little-endian. A window then reads one row
+per minute, slices each group's values and sorts runs that are already sorted. Maintained with the rollups, in
+the same transactions, on SQLite (:mod:`inferwatch.collector.rollup`; PostgreSQL's own ``percentile_disc``
+over a small window's rows is faster than reading blocks into Python, measured in ``bench/stats.py``).
 
 Stdlib only (pure: no database).
 """
@@ -17,7 +18,7 @@ from __future__ import annotations
 import json
 import sys
 from array import array
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from itertools import accumulate
 from typing import Any, Final
 
@@ -25,6 +26,9 @@ SeriesKey = tuple[str, str | None, str | None]
 """(engine, model, instance)."""
 
 _SWAP: Final = sys.byteorder != "little"
+TOTALS: Final = ("requests", "failed", "prompt_tokens", "prompt_count", "generation_tokens", "generation_count")
+"""The exact per-series sums a block holds before its value counts."""
+NT: Final = len(TOTALS)
 
 
 def _sort_key(k: SeriesKey) -> tuple[str, str, str, bool, bool]:
@@ -34,17 +38,28 @@ def _sort_key(k: SeriesKey) -> tuple[str, str, str, bool, bool]:
 class Block:
     """One period's values per series and field (``fields`` of them), mutable while it is being folded."""
 
-    __slots__ = ("fields", "series")
+    __slots__ = ("fields", "series", "totals")
 
     def __init__(self, fields: int) -> None:
         self.fields = fields
         self.series: dict[SeriesKey, list[list[float]]] = {}
+        self.totals: dict[SeriesKey, list[int]] = {}
 
-    def add(self, key: SeriesKey, values: Sequence[float | None]) -> None:
-        """One request's values (None: the request did not report that field)."""
+    def add(self, key: SeriesKey, failed: int, pt: int | None, gt: int | None, values: Sequence[float | None]) -> None:
+        """One request: failed or not, its token counts and its values (None: not reported)."""
         lists = self.series.get(key)
         if lists is None:
             lists = self.series[key] = [[] for _ in range(self.fields)]
+            self.totals[key] = [0] * NT
+        tot = self.totals[key]
+        tot[0] += 1
+        tot[1] += failed
+        if pt is not None:
+            tot[2] += pt
+            tot[3] += 1
+        if gt is not None:
+            tot[4] += gt
+            tot[5] += 1
         for lst, v in zip(lists, values, strict=True):
             if v is not None:
                 lst.append(v)
@@ -54,18 +69,22 @@ class Block:
             mine = self.series.get(key)
             if mine is None:
                 self.series[key] = [list(x) for x in lists]
+                self.totals[key] = list(other.totals[key])
             else:
                 for a, b in zip(mine, lists, strict=True):
                     a.extend(b)
+                self.totals[key] = [x + y for x, y in zip(self.totals[key], other.totals[key], strict=True)]
 
     def encode(self) -> tuple[str, bytes, bytes]:
         """(series, counts, vals) as stored."""
         keys = sorted(self.series, key=_sort_key)
         counts = array("q")
         vals = array("d")
+        for t in range(NT):
+            counts.extend(self.totals[key][t] for key in keys)
         for j in range(self.fields):
-            for k in keys:
-                lst = self.series[k][j]
+            for key in keys:
+                lst = self.series[key][j]
                 lst.sort()
                 counts.append(len(lst))
                 vals.extend(lst)
@@ -81,11 +100,12 @@ class Block:
         b = cls(fields)
         s = len(keys)
         off = 0
-        for k in keys:
+        for i, k in enumerate(keys):
             b.series[k] = [[] for _ in range(fields)]
+            b.totals[k] = [counts[t * s + i] for t in range(NT)]
         for j in range(fields):
             for i, k in enumerate(keys):
-                n = counts[j * s + i]
+                n = counts[(NT + j) * s + i]
                 b.series[k][j].extend(vals[off : off + n])
                 off += n
         return b
@@ -106,25 +126,34 @@ def arrays(counts_b: bytes, vals_b: bytes) -> tuple[array[int], array[float]]:
     return counts, vals
 
 
-Run = tuple[int, int, list[list[float]]]
-"""Series ``a`` to ``b`` (exclusive) of a block, all of one group: its per-field value lists."""
+Group = list[Any]
+"""A group's accumulator: the :data:`TOTALS` (``NT`` ints) first, its per-field value lists (a list of lists)
+last."""
+Run = tuple[int, int, Group]
+"""Series ``a`` to ``b`` (exclusive) of a block, all of one group."""
 
 
 class Reader:
-    """Gathers the values of many blocks per group: ``group_of`` maps a series to its group's per-field lists
-    (None: the series is filtered out). The runs of a block's series list are worked out once per distinct
-    list (a fleet's minutes mostly share one)."""
+    """Gathers the totals and values of many blocks per group: ``group_of`` maps a series to its group's
+    accumulator (None: the series is filtered out), asked once per series. A block's runs (adjacent series of
+    one group) are worked out once per distinct series list."""
 
     def __init__(self, fields: int, group_of: Any) -> None:
         self.fields = fields
         self.group_of = group_of
+        self._groups: dict[tuple[Any, ...], Group | None] = {}
         self._runs: dict[str, tuple[int, list[Run]]] = {}
 
     def _plan(self, series: str) -> tuple[int, list[Run]]:
-        keys = keys_of(series)
+        keys = json.loads(series)
         runs: list[Run] = []
+        groups = self._groups
         for i, k in enumerate(keys):
-            acc = self.group_of(k)
+            t = tuple(k)
+            if t in groups:
+                acc = groups[t]
+            else:
+                acc = groups[t] = self.group_of((str(k[0]), k[1], k[2]))
             if acc is None:
                 continue
             if runs and runs[-1][1] == i and runs[-1][2] is acc:
@@ -141,22 +170,19 @@ class Reader:
         if not runs:
             return
         counts, vals = arrays(counts_b, vals_b)
+        for a, b, acc in runs:
+            if b - a == 1:
+                for k in range(NT):
+                    acc[k] += counts[k * s + a]
+            else:
+                for k in range(NT):
+                    acc[k] += sum(counts[k * s + a : k * s + b])
         off = 0
         for j in range(self.fields):
-            offs = list(accumulate(counts[j * s : (j + 1) * s], initial=off))
+            base = (NT + j) * s
+            offs = list(accumulate(counts[base : base + s], initial=off))
             for a, b, acc in runs:
                 lo, hi = offs[a], offs[b]
                 if hi > lo:
-                    acc[j].extend(vals[lo:hi])
+                    acc[-1][j].extend(vals[lo:hi])
             off = offs[-1]
-
-
-def blocks_of(rows: Iterable[tuple[Any, SeriesKey, Sequence[float | None]]], fields: int) -> dict[Any, Block]:
-    """Per period key: the block of ``rows`` (period key, series, values)."""
-    out: dict[Any, Block] = {}
-    for period, key, values in rows:
-        b = out.get(period)
-        if b is None:
-            b = out[period] = Block(fields)
-        b.add(key, values)
-    return out

@@ -397,7 +397,7 @@ def bytes_per_row(engine: Engine, n: int) -> tuple[float, float]:
         except Exception:  # no dbstat: the file as a whole
             path = Path(str(engine.url.database))
             return path.stat().st_size / n, 0.0
-    roll = sum(v for k, v in sizes.items() if "rollup" in k)
+    roll = sum(v for k, v in sizes.items() if "rollup" in k or "request_values" in k)
     return (sum(sizes.values()) - roll) / n, roll / n
 
 

@@ -4,7 +4,8 @@ Off the writer's path: a background thread of each collector (:class:`RollupJob`
 it) reads the request rows above the watermark (``rollup_state.folded_id``) in id order and adds them to the
 rollups of the minute and the hour each ended in (per engine, model and instance: counts, token sums, and a
 log-bucket sketch per latency column, :mod:`inferwatch.collector.sketch`) and, on SQLite, to the minute's
-value block (:mod:`inferwatch.collector.values`), and moves the watermark in the same transaction.
+value block (:mod:`inferwatch.collector.values`; ten-minute blocks are built from the minutes once a period
+has ended, and rebuilt when its minutes change), and moves the watermark in the same transaction.
 Idempotent: the watermark moves only from the value the pass read (compare and set), so a pass that raced
 another one, or died half way, folds nothing twice. Across collector replicas on one PostgreSQL, one pass
 runs at a time (a session advisory lock; the others skip that round).
@@ -49,6 +50,9 @@ CHUNK: Final = 20_000
 PASS_BUDGET_S: Final = 2.0
 """A pass stops after the chunk that crosses this (the next pass goes on): stop() stays prompt."""
 PERIODS: Final = (60, 3600)
+CLOSE_S: Final = 120.0
+"""SQLite: a ten-minute value block is built this long after its period ended (rows folded later rebuild it)."""
+TEN: Final = timedelta(minutes=10)
 ROLLUP_RETENTION: Final = timedelta(days=1)
 """Rollups are kept this long past the oldest stored request."""
 PG_ROLLUP_LOCK_KEY: Final = 0x1F_E4_77_A8
@@ -227,6 +231,11 @@ def _write_values(conn: Connection, blocks: dict[datetime, values.Block]) -> Non
             series, counts, vals = b.encode()
             inserts.append({"period_seconds": 60, "period_start": start, "series": series, "counts": counts,
                             "vals": vals})  # fmt: skip
+    _store_values(conn, updates, inserts)
+
+
+def _store_values(conn: Connection, updates: list[dict[str, Any]], inserts: list[dict[str, Any]]) -> None:
+    v = VALUES_TABLE
     if updates:
         stmt = (
             update(v)
@@ -236,6 +245,56 @@ def _write_values(conn: Connection, blocks: dict[datetime, values.Block]) -> Non
         conn.execute(stmt, updates)
     if inserts:
         conn.execute(insert(v), inserts)
+
+
+def ten_of(t: datetime) -> datetime:
+    """The start of the ten-minute period holding ``t``."""
+    return t.replace(minute=t.minute - t.minute % 10, second=0, microsecond=0)
+
+
+def _consolidate(conn: Connection, periods: set[datetime], now: datetime, *, touched: bool) -> None:
+    """(Re)build the ten-minute value blocks of ``periods`` from their minute blocks: those that have one
+    already (``touched``: their minutes just changed) and those that ended :data:`CLOSE_S` before ``now``.
+    Whether a ten-minute block exists only changes how fast a window is read: one that exists always equals
+    its minutes (rebuilt in the same transaction as they change)."""
+    v = VALUES_TABLE
+    nf = len(ROLLUP_FIELDS)
+    ps = sorted(periods)
+    have: dict[datetime, int] = {}
+    for i in range(0, len(ps), 500):
+        q = select(v.c.period_start, v.c.id).where(v.c.period_seconds == 600, v.c.period_start.in_(ps[i : i + 500]))
+        have.update((start, rid) for start, rid in conn.execute(q).all())
+    closed = now - timedelta(seconds=CLOSE_S)
+    todo = [p for p in ps if (touched and p in have) or (p not in have and p + TEN <= closed)]
+    updates, inserts = [], []
+    for p in todo:
+        merged = values.Block(nf)
+        q = select(v.c.series, v.c.counts, v.c.vals).where(
+            v.c.period_seconds == 60, v.c.period_start >= p, v.c.period_start < p + TEN
+        )
+        for series, counts, vals in conn.execute(q).all():
+            merged.merge(values.Block.decode(nf, series, counts, vals))
+        if not merged.series:
+            continue
+        series, counts, vals = merged.encode()
+        if p in have:
+            updates.append({"rid": have[p], "v_series": series, "v_counts": counts, "v_vals": vals})
+        else:
+            inserts.append({"period_seconds": 600, "period_start": p, "series": series, "counts": counts,
+                            "vals": vals})  # fmt: skip
+    _store_values(conn, updates, inserts)
+
+
+def _closing(conn: Connection, now: datetime) -> None:
+    """The ten-minute periods of the last hour that ended since the last passes without new rows."""
+    v = VALUES_TABLE
+    end = ten_of(now - timedelta(seconds=CLOSE_S))
+    q = select(v.c.period_start).where(
+        v.c.period_seconds == 60, v.c.period_start >= end - timedelta(hours=1), v.c.period_start < end
+    )
+    periods = {ten_of(start) for (start,) in conn.execute(q).all()}
+    if periods:
+        _consolidate(conn, periods, now, touched=False)
 
 
 def by_period(minutes: dict[Key, Partial]) -> dict[int, dict[Key, Partial]]:
@@ -363,6 +422,7 @@ def _fold(conn: Connection, result: FoldResult, grace: float, budget: float, chu
                 _write(conn, period, p)
             if blocks is not None:
                 _write_values(conn, blocks)
+                _consolidate(conn, {ten_of(m) for m in blocks}, now, touched=True)
         result.folded += len(rows)
         folded = result.watermark = upto
         if time.monotonic() - started > budget and folded < target:
@@ -375,6 +435,8 @@ def _fold(conn: Connection, result: FoldResult, grace: float, budget: float, chu
         moved = conn.execute(update(s).where(s.c.name == STATE_NAME, s.c.folded_id == folded).values(**values)).rowcount
         if moved == 0 and conn.execute(select(s.c.name).where(s.c.name == STATE_NAME)).first() is None:
             conn.execute(insert(s).values(name=STATE_NAME, folded_id=folded, **values))
+        if not postgres:
+            _closing(conn, now)
         oldest = conn.execute(select(func.min(t.c.start_time))).scalar_one_or_none()
         if oldest is not None:
             cut = oldest - ROLLUP_RETENTION - timedelta(hours=1)

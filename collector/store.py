@@ -370,10 +370,14 @@ class _State:
     folded: int
     oldest: datetime | None
     longest: float
+    first: int | None = None
+    """the id of the first row by end time in the window (its distance to ``max_id`` estimates the window's
+    rows)."""
 
 
-def _state(conn: Connection) -> _State:
-    """In one round trip: the table's id range, the rollups' watermark, the oldest start, the longest request."""
+def _state(conn: Connection, start: datetime) -> _State:
+    """In one round trip: the table's id range, the rollups' watermark, the oldest start, the longest request,
+    the window's first row."""
     t = REQUEST_TABLE
     s = ROLLUP_STATE_TABLE
     row = conn.execute(
@@ -383,12 +387,15 @@ def _state(conn: Connection) -> _State:
             select(s.c.folded_id).where(s.c.name == rollup.STATE_NAME).scalar_subquery(),
             select(func.min(t.c.start_time)).scalar_subquery(),
             select(func.max(t.c[E2E])).scalar_subquery(),
+            select(t.c.id).where(t.c.end_time >= start).order_by(t.c.end_time).limit(1).scalar_subquery(),
         )
     ).one()
     oldest = row[3]
     if isinstance(oldest, str):  # SQLite: a scalar subquery's value comes back as stored
         oldest = datetime.fromisoformat(oldest)
-    return _State(row[0], row[1], int(row[2] or 0), None if oldest is None else _aware(oldest), float(row[4] or 0.0))
+    return _State(
+        row[0], row[1], int(row[2] or 0), None if oldest is None else _aware(oldest), float(row[4] or 0.0), row[5]
+    )
 
 
 def _rollup_range(w: _Window, st: _State) -> tuple[datetime, datetime | None]:
@@ -783,11 +790,17 @@ def _values(conn: Connection, w: _Window, filters: StatsFilter, group_by: GroupB
             return group(None if gi is None else k[gi])
 
         reader = values.Reader(len(STAT_FIELDS), group_of)
-        vq = select(v.c.series, v.c.counts, v.c.vals).where(v.c.period_seconds == 60, v.c.period_start >= r0)
+        vq = select(v.c.period_seconds, v.c.period_start, v.c.series, v.c.counts, v.c.vals).where(
+            v.c.period_seconds.in_((60, 600)), v.c.period_start >= r0
+        )
         if r1 is not None:
             vq = vq.where(v.c.period_start < r1)
-        for series, counts, vals in conn.execute(vq).all():
-            reader.add(series, counts, vals)
+        got = conn.execute(vq).all()
+        # whole ten-minute periods from their blocks, the other minutes from theirs
+        tens = {row[1] for row in got if row[0] == 600 and (r1 is None or row[1] + rollup.TEN <= r1)}
+        for period, start, series, counts, vals in got:
+            if (period == 600 and start in tens) or (period == 60 and rollup.ten_of(start) not in tens):
+                reader.add(series, counts, vals)
     base = w.conds(filters)
     edges = [t.c.end_time < r0]
     if r1 is not None:
@@ -990,7 +1003,7 @@ def compute_stats(
         else:
             conn.exec_driver_sql("BEGIN")  # SQLite: one read transaction, one snapshot
         try:
-            st = _state(conn)
+            st = _state(conn, start)
             ids = (st.min_id, st.max_id)
             folded = st.folded
             if ids[1] is None or ids[0] is None:
@@ -998,9 +1011,7 @@ def compute_stats(
             w = _Window(start=start, end=end, newest=int(ids[1]), bounded=False)  # one snapshot on both back ends
             chosen = plan or "scan"
             if plan is None and mode != "sketch":
-                first = conn.execute(
-                    select(t.c.id).where(t.c.end_time >= start).order_by(t.c.end_time).limit(1)
-                ).scalar_one_or_none()
+                first = st.first
                 if first is None or int(ids[1]) - int(first) <= RAW_LIMIT:
                     chosen = "values" if int(ids[1]) - folded <= TAIL_LIMIT else "raw"
             if chosen == "values" and postgres:

@@ -207,6 +207,21 @@ def test_value_blocks_merge_across_passes_and_read_back_per_group(engine: Engine
     if engine.dialect.name == "postgresql":
         assert stored == []
         return
+    with engine.connect() as conn:  # every ten-minute block (all have ended) is the merge of its minutes
+        rows10 = conn.execute(
+            select(v.c.period_start, v.c.series, v.c.counts, v.c.vals).where(v.c.period_seconds == 600)
+        )
+        tens = {start: values.Block.decode(len(FIELDS), *rest) for start, *rest in rows10.all()}
+        minutes = conn.execute(
+            select(v.c.period_start, v.c.series, v.c.counts, v.c.vals).where(v.c.period_seconds == 60)
+        )
+        merged: dict[datetime, values.Block] = {}
+        for start, *rest in minutes.all():
+            merged.setdefault(rollup.ten_of(start), values.Block(len(FIELDS))).merge(
+                values.Block.decode(len(FIELDS), *rest)
+            )
+    assert len(tens) > 400 and tens.keys() == merged.keys()
+    assert all(tens[p].encode() == merged[p].encode() for p in tens)
     for group_by, filters in (("none", {}), ("instance", {}), ("model", {"engine": "eng1"}), ("engine", {})):
         gi = {"none": None, "engine": 0, "model": 1, "instance": 2}[group_by]
         groups: dict[Any, list[Any]] = {}

@@ -226,7 +226,12 @@ def test_value_blocks_merge_across_passes_and_read_back_per_group(engine: Engine
         gi = {"none": None, "engine": 0, "model": 1, "instance": 2}[group_by]
         groups: dict[Any, list[Any]] = {}
 
-        def group_of(k: values.SeriesKey, gi: int | None = gi, filters: dict[str, str] = filters) -> Any:
+        def group_of(
+            k: values.SeriesKey,
+            gi: int | None = gi,
+            filters: dict[str, str] = filters,
+            groups: dict[Any, list[Any]] = groups,
+        ) -> Any:
             if any(k[("engine", "model", "instance").index(n)] != x for n, x in filters.items()):
                 return None
             return groups.setdefault(None if gi is None else k[gi], [0] * values.NT + [[[] for _ in FIELDS]])

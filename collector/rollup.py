@@ -266,14 +266,15 @@ def _consolidate(conn: Connection, periods: set[datetime], now: datetime, *, tou
         have.update((start, rid) for start, rid in conn.execute(q).all())
     closed = now - timedelta(seconds=CLOSE_S)
     todo = [p for p in ps if (touched and p in have) or (p not in have and p + TEN <= closed)]
-    updates, inserts = [], []
+    updates: list[dict[str, Any]] = []
+    inserts: list[dict[str, Any]] = []
     for p in todo:
         merged = values.Block(nf)
         q = select(v.c.series, v.c.counts, v.c.vals).where(
             v.c.period_seconds == 60, v.c.period_start >= p, v.c.period_start < p + TEN
         )
-        for series, counts, vals in conn.execute(q).all():
-            merged.merge(values.Block.decode(nf, series, counts, vals))
+        for row in conn.execute(q).all():
+            merged.merge(values.Block.decode(nf, row[0], row[1], row[2]))
         if not merged.series:
             continue
         series, counts, vals = merged.encode()

@@ -248,7 +248,7 @@ def test_value_blocks_merge_across_passes_and_read_back_per_group(engine: Engine
                 entry[f] = (len(vs), *(vs[store.nearest_rank(len(vs), q)] if vs else None for q in store.PERCENTILES))
             got[key] = entry
         assert got == expected, (group_by, filters)
-        want_tokens = {}
+        want_tokens: dict[Any, int] = {}
         for r in rows:
             if all(getattr(r, n) == x for n, x in filters.items()):
                 key = None if gi is None else getattr(r, group_by)

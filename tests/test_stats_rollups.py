@@ -260,6 +260,26 @@ def test_value_blocks_merge_across_passes_and_read_back_per_group(engine: Engine
     )
 
 
+def test_upgrading_to_value_blocks_folds_every_row_again(tmp_path: Path) -> None:
+    """SQLite at revision 0003 with its rows rolled up (no value blocks yet): migration 0004 empties the rollups
+    and resets the watermark, the job folds every row again into both, and a small window is exact from them."""
+    eng = db.make_engine(db.default_url(tmp_path))
+    db.upgrade(eng, "0003")
+    rows = make_rows(1200, seed=8)
+    db.insert_records(eng, rows)
+    r, s = ROLLUP_TABLE, ROLLUP_STATE_TABLE
+    with eng.begin() as conn:  # what 0003's job left: a watermark past every row, a rollup row
+        conn.execute(s.insert().values(name=rollup.STATE_NAME, folded_id=1200, updated_at=NOW))
+    db.upgrade(eng)
+    with eng.connect() as conn:
+        assert rollup.watermark(conn) == 0 and conn.execute(select(func.count()).select_from(r)).scalar_one() == 0
+    assert rollup.catch_up(eng) == 1200
+    since = NOW - timedelta(minutes=90)
+    got = store.compute_stats(engine=eng, window=timedelta(minutes=90), group_by="instance", now=NOW)
+    assert got.plan == "values" and answer(got, "instance") == brute(rows, since, None, "instance")
+    eng.dispose()
+
+
 # --- the plans -----------------------------------------------------------------------------------------------------
 
 

@@ -390,7 +390,6 @@ def _fold(conn: Connection, result: FoldResult, grace: float, budget: float, chu
           started: float) -> None:  # fmt: skip
     t = REQUEST_TABLE
     s = ROLLUP_STATE_TABLE
-    postgres = conn.dialect.name == "postgresql"
     folded, seen_id, seen_at = read_state(conn)
     newest = conn.execute(select(func.max(t.c.id))).scalar_one_or_none() or 0
     conn.commit()
@@ -407,7 +406,7 @@ def _fold(conn: Connection, result: FoldResult, grace: float, budget: float, chu
         rows = conn.execute(select(*cols).where(t.c.id > folded, t.c.id <= upto)).all()
         conn.commit()
         parts = by_period(fold_rows(rows))
-        blocks = None if postgres else value_blocks(rows)
+        blocks = value_blocks(rows)
         with conn.begin():
             # compare and set: a pass that raced this one (or an earlier life of it) moved the watermark first
             moved = conn.execute(
@@ -436,8 +435,7 @@ def _fold(conn: Connection, result: FoldResult, grace: float, budget: float, chu
         moved = conn.execute(update(s).where(s.c.name == STATE_NAME, s.c.folded_id == folded).values(**values)).rowcount
         if moved == 0 and conn.execute(select(s.c.name).where(s.c.name == STATE_NAME)).first() is None:
             conn.execute(insert(s).values(name=STATE_NAME, folded_id=folded, **values))
-        if not postgres:
-            _closing(conn, now)
+        _closing(conn, now)
         oldest = conn.execute(select(func.min(t.c.start_time))).scalar_one_or_none()
         if oldest is not None:
             cut = oldest - ROLLUP_RETENTION - timedelta(hours=1)

@@ -10,17 +10,23 @@ per minute, slices each group's values and sorts runs that are already sorted. M
 the same transactions, on SQLite (:mod:`inferwatch.collector.rollup`; PostgreSQL's own ``percentile_disc``
 over a small window's rows is faster than reading blocks into Python, measured in ``bench/stats.py``).
 
-Stdlib only (pure: no database).
+Pure: no database. The reading side (:class:`Gather`) uses numpy: a block's arrays are read in place
+(``frombuffer``), each group's values gathered by a stable sort of their group labels (a radix sort) and its
+nearest ranks picked by ``partition`` (linear): measured 2-4x faster than extending and sorting Python lists,
+which is what makes a small window cheaper from its blocks than from its rows on PostgreSQL too.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import sys
 from array import array
 from collections.abc import Sequence
-from itertools import accumulate
 from typing import Any, Final
+
+import numpy as np
+import numpy.typing as npt
 
 SeriesKey = tuple[str, str | None, str | None]
 """(engine, model, instance)."""
@@ -126,63 +132,125 @@ def arrays(counts_b: bytes, vals_b: bytes) -> tuple[array[int], array[float]]:
     return counts, vals
 
 
-Group = list[Any]
-"""A group's accumulator: the :data:`TOTALS` (``NT`` ints) first, its per-field value lists (a list of lists)
-last."""
-Run = tuple[int, int, Group]
-"""Series ``a`` to ``b`` (exclusive) of a block, all of one group."""
+GroupKey = Any
+"""A group's key (None: no grouping, or an engine, model or instance name, None where the series has none)."""
+LEFT_OUT: Final = object()
+"""What a :class:`Gather`'s ``group_of`` answers for a series that the filters leave out."""
 
 
-class Reader:
-    """Gathers the totals and values of many blocks per group: ``group_of`` maps a series to its group's
-    accumulator (None: the series is filtered out), asked once per series. A block's runs (adjacent series of
-    one group) are worked out once per distinct series list."""
+def _ranks(n: int, quantiles: Sequence[float]) -> list[int]:
+    """0-based nearest ranks (as PostgreSQL's ``percentile_disc``: ``ceil(q * n)`` in double precision)."""
+    return [max(0, min(n - 1, math.ceil(q * n) - 1)) for q in quantiles]
+
+
+class Gather:
+    """Totals and values per group from many blocks and raw rows, in numpy arrays; exact nearest ranks at the
+    end. ``group_of`` maps a series to its group key, or :data:`LEFT_OUT` (a filter leaves it out); it is asked
+    once per series. Each value is labelled ``group * fields + field``: one label array per block, one sort of
+    the labels for every field at once."""
 
     def __init__(self, fields: int, group_of: Any) -> None:
         self.fields = fields
         self.group_of = group_of
-        self._groups: dict[tuple[Any, ...], Group | None] = {}
-        self._runs: dict[str, tuple[int, list[Run]]] = {}
+        self.keys: list[GroupKey] = []
+        self._index: dict[GroupKey, int] = {}
+        self._series: dict[tuple[Any, ...], int] = {}
+        self._plans: dict[str, tuple[npt.NDArray[np.intp], npt.NDArray[np.intp]] | None] = {}
+        self._labels: list[npt.NDArray[np.intp]] = []
+        self._counts: list[npt.NDArray[np.int64]] = []
+        self._vals: list[npt.NDArray[np.float64]] = []
+        self._val_labels: list[npt.NDArray[np.intp]] = []
+        self._raw_labels: list[int] = []
+        self._raw_totals: list[tuple[int, int, int, int, int, int]] = []
+        self._raw_vals: list[float] = []
+        self._raw_val_labels: list[int] = []
 
-    def _plan(self, series: str) -> tuple[int, list[Run]]:
-        keys = json.loads(series)
-        runs: list[Run] = []
-        groups = self._groups
-        for i, k in enumerate(keys):
-            t = tuple(k)
-            if t in groups:
-                acc = groups[t]
-            else:
-                acc = groups[t] = self.group_of((str(k[0]), k[1], k[2]))
-            if acc is None:
-                continue
-            if runs and runs[-1][1] == i and runs[-1][2] is acc:
-                runs[-1] = (runs[-1][0], i + 1, acc)
-            else:
-                runs.append((i, i + 1, acc))
-        out = (len(keys), runs)
-        self._runs[series] = out
+    def group(self, key: GroupKey) -> int:
+        """The index of group ``key`` (made on first use)."""
+        i = self._index.get(key)
+        if i is None:
+            i = self._index[key] = len(self.keys)
+            self.keys.append(key)
+        return i
+
+    def _series_label(self, k: Sequence[Any]) -> int:
+        t = tuple(k)
+        label = self._series.get(t)
+        if label is None:
+            key = self.group_of((str(k[0]), k[1], k[2]))
+            label = self._series[t] = -1 if key is LEFT_OUT else self.group(key)
+        return label
+
+    def _plan(self, series: str) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.intp]] | None:
+        labels = np.array([self._series_label(k) for k in json.loads(series)], dtype=np.intp)
+        if bool((labels < 0).all()):
+            out = None
+        else:  # field-major, as the values are stored: label * fields + field, -1 where left out
+            per_field = labels[None, :] * self.fields + np.arange(self.fields, dtype=np.intp)[:, None]
+            out = (labels, np.where(labels[None, :] < 0, -1, per_field).ravel())
+        self._plans[series] = out
         return out
 
-    def add(self, series: str, counts_b: bytes, vals_b: bytes) -> None:
-        planned = self._runs.get(series) or self._plan(series)
-        s, runs = planned
-        if not runs:
+    def add_block(self, series: str, counts_b: bytes, vals_b: bytes) -> None:
+        """One stored block (as :meth:`Block.encode` wrote it)."""
+        planned = self._plans[series] if series in self._plans else self._plan(series)
+        if planned is None:
             return
-        counts, vals = arrays(counts_b, vals_b)
-        for a, b, acc in runs:
-            if b - a == 1:
-                for k in range(NT):
-                    acc[k] += counts[k * s + a]
-            else:
-                for k in range(NT):
-                    acc[k] += sum(counts[k * s + a : k * s + b])
-        off = 0
-        for j in range(self.fields):
-            base = (NT + j) * s
-            offs = list(accumulate(counts[base : base + s], initial=off))
-            for a, b, acc in runs:
-                lo, hi = offs[a], offs[b]
-                if hi > lo:
-                    acc[-1][j].extend(vals[lo:hi])
-            off = offs[-1]
+        labels, value_labels = planned
+        counts = np.frombuffer(counts_b, dtype="<i8").reshape(NT + self.fields, len(labels))
+        self._labels.append(labels)
+        self._counts.append(counts[:NT])
+        self._vals.append(np.frombuffer(vals_b, dtype="<f8"))
+        self._val_labels.append(np.repeat(value_labels, counts[NT:].ravel()))
+
+    def add_row(self, key: GroupKey, failed: int, pt: int | None, gt: int | None, vals: Sequence[float | None]) -> None:
+        """One raw request row of group ``key``."""
+        g = self.group(key)
+        self._raw_labels.append(g)
+        self._raw_totals.append((1, failed, pt or 0, pt is not None, gt or 0, gt is not None))
+        base = g * self.fields
+        for j, x in enumerate(vals):
+            if x is not None:
+                self._raw_vals.append(x)
+                self._raw_val_labels.append(base + j)
+
+    def totals(self) -> npt.NDArray[np.int64]:
+        """Per group (rows, in :attr:`keys` order), the :data:`TOTALS`."""
+        out = np.zeros((len(self.keys), NT), dtype=np.int64)
+        if self._labels:
+            labels = np.concatenate(self._labels)
+            counts = np.concatenate(self._counts, axis=1)
+            keep = labels >= 0
+            np.add.at(out, labels[keep], counts[:, keep].T)
+        if self._raw_labels:
+            np.add.at(out, np.array(self._raw_labels, dtype=np.intp), np.array(self._raw_totals, dtype=np.int64))
+        return out
+
+    def ranked(self, quantiles: Sequence[float]) -> list[list[tuple[int, list[float] | None]]]:
+        """Per group (in :attr:`keys` order) and field: the number of values and their nearest-rank
+        ``quantiles`` (None: no value)."""
+        vals = [*self._vals, np.array(self._raw_vals, dtype=np.float64)]
+        labs = [*self._val_labels, np.array(self._raw_val_labels, dtype=np.intp)]
+        slots = len(self.keys) * self.fields
+        v = np.concatenate(vals)
+        lab = np.concatenate(labs)
+        if bool((lab < 0).any()):
+            keep = lab >= 0
+            v, lab = v[keep], lab[keep]
+        sizes: list[int] = np.bincount(lab, minlength=slots).tolist()
+        if len(self.keys) > 1 or self.fields > 1:  # each slot's values together: a stable radix sort of the labels
+            v = v[np.argsort(lab.astype(np.int16 if slots < 32768 else np.int32), kind="stable")]
+        out: list[list[tuple[int, list[float] | None]]] = []
+        start = 0
+        for g in range(len(self.keys)):
+            row: list[tuple[int, list[float] | None]] = []
+            for j in range(self.fields):
+                n = sizes[g * self.fields + j]
+                if n == 0:
+                    row.append((0, None))
+                    continue
+                ranks = _ranks(n, quantiles)
+                row.append((n, np.partition(v[start : start + n], ranks)[ranks].tolist()))
+                start += n
+            out.append(row)
+        return out

@@ -203,10 +203,8 @@ def test_compute_stats_by_end_time_on_every_plan(client: TestClient, plan: store
         rollup.catch_up(engine)
     now = t0 + timedelta(seconds=101)
     stats = store.compute_stats(engine=engine, window=timedelta(seconds=60), now=now, plan=plan)
-    # a small window: SQLite reads its value blocks (rolled up or not: then all its rows are above the
-    # watermark, read raw), PostgreSQL its rows whole
-    small = "raw" if engine.dialect.name == "postgresql" else "values"
-    assert stats.plan == (small if plan in (None, "values") else plan)
+    # a small window: its value blocks (rolled up or not: then all its rows are above the watermark, read raw)
+    assert stats.plan == ("values" if plan is None else plan)
     (entry,) = stats.data
     # finished at or after now - 60 s = t0 + 41 s: rows 40..99 (each ends 1 s after it starts) and the long one
     assert entry.requests == 61

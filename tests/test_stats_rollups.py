@@ -197,16 +197,13 @@ def test_rollup_job_runs_with_the_collector(tmp_path: Path) -> None:
 
 def test_value_blocks_merge_across_passes_and_read_back_per_group(engine: Engine) -> None:
     """Rows folded 97 at a time land in minutes folded before (each block merged many times): the blocks hold
-    every row once, and the reader's groups, filters and totals are the rows' own. PostgreSQL keeps none."""
+    every row once, and the gathered groups, filters and totals are the rows' own, on both back ends."""
     rows = make_rows(2500, seed=5)
     db.insert_records(engine, rows)
     rollup.catch_up(engine, chunk=97)
     v = VALUES_TABLE
     with engine.connect() as conn:
         stored = conn.execute(select(v.c.series, v.c.counts, v.c.vals).where(v.c.period_seconds == 60)).all()
-    if engine.dialect.name == "postgresql":
-        assert stored == []
-        return
     with engine.connect() as conn:  # every ten-minute block (all have ended) is the merge of its minutes
         rows10 = conn.execute(
             select(v.c.period_start, v.c.series, v.c.counts, v.c.vals).where(v.c.period_seconds == 600)
@@ -224,28 +221,22 @@ def test_value_blocks_merge_across_passes_and_read_back_per_group(engine: Engine
     assert all(tens[p].encode() == merged[p].encode() for p in tens)
     for group_by, filters in (("none", {}), ("instance", {}), ("model", {"engine": "eng1"}), ("engine", {})):
         gi = {"none": None, "engine": 0, "model": 1, "instance": 2}[group_by]
-        groups: dict[Any, list[Any]] = {}
 
-        def group_of(
-            k: values.SeriesKey,
-            gi: int | None = gi,
-            filters: dict[str, str] = filters,
-            groups: dict[Any, list[Any]] = groups,
-        ) -> Any:
+        def group_of(k: values.SeriesKey, gi: int | None = gi, filters: dict[str, str] = filters) -> Any:
             if any(k[("engine", "model", "instance").index(n)] != x for n, x in filters.items()):
-                return None
-            return groups.setdefault(None if gi is None else k[gi], [0] * values.NT + [[[] for _ in FIELDS]])
+                return values.LEFT_OUT
+            return None if gi is None else k[gi]
 
-        reader = values.Reader(len(FIELDS), group_of)
+        gather = values.Gather(len(FIELDS), group_of)
         for series, counts, vals in stored:
-            reader.add(series, counts, vals)
+            gather.add_block(series, counts, vals)
         expected = brute(rows, NOW - timedelta(days=30), None, group_by, **filters)
         got = {}
-        for key, acc in groups.items():
-            entry: dict[str, Any] = {"requests": acc[0], "failed": acc[1]}
-            for f, vs in zip(FIELDS, acc[-1], strict=True):
-                vs.sort()
-                entry[f] = (len(vs), *(vs[store.nearest_rank(len(vs), q)] if vs else None for q in store.PERCENTILES))
+        totals = gather.totals().tolist()
+        for key, tot, per_field in zip(gather.keys, totals, gather.ranked(store.PERCENTILES), strict=True):
+            entry: dict[str, Any] = {"requests": tot[0], "failed": tot[1]}
+            for f, (n, ps) in zip(FIELDS, per_field, strict=True):
+                entry[f] = (n, *(ps if ps is not None else [None] * len(store.PERCENTILES)))
             got[key] = entry
         assert got == expected, (group_by, filters)
         want_tokens: dict[Any, int] = {}
@@ -253,7 +244,7 @@ def test_value_blocks_merge_across_passes_and_read_back_per_group(engine: Engine
             if all(getattr(r, n) == x for n, x in filters.items()):
                 key = None if gi is None else getattr(r, group_by)
                 want_tokens[key] = want_tokens.get(key, 0) + (r.prompt_tokens or 0)
-        assert {k: acc[2] for k, acc in groups.items()} == want_tokens
+        assert {k: tot[2] for k, tot in zip(gather.keys, totals, strict=True)} == want_tokens
     got_stats = store.compute_stats(engine=engine, window=timedelta(days=4), group_by="model", now=NOW, plan="values")
     assert got_stats.plan == "values" and answer(got_stats, "model") == brute(
         rows, NOW - timedelta(days=4), None, "model"
@@ -280,6 +271,29 @@ def test_upgrading_to_value_blocks_folds_every_row_again(tmp_path: Path) -> None
     eng.dispose()
 
 
+def test_postgresql_upgrading_to_value_blocks_folds_every_row_again() -> None:
+    """PostgreSQL at revision 0004 (rolled up, no value blocks: they were SQLite's only): migration 0005 empties
+    the rollups and resets the watermark, the job folds every row again into both, and a small window is exact
+    from the blocks."""
+    with postgres_schema("iw_st") as url:
+        eng = db.make_engine(url)
+        db.upgrade(eng, "0004")
+        rows = make_rows(1200, seed=9)
+        db.insert_records(eng, rows)
+        with eng.begin() as conn:  # what 0004's job left: a watermark past every row, no blocks
+            conn.execute(ROLLUP_STATE_TABLE.insert().values(name=rollup.STATE_NAME, folded_id=1200, updated_at=NOW))
+        db.upgrade(eng)
+        with eng.connect() as conn:
+            assert rollup.watermark(conn) == 0
+        assert rollup.catch_up(eng) == 1200
+        with eng.connect() as conn:
+            assert conn.execute(select(func.count()).select_from(VALUES_TABLE)).scalar_one() > 0
+        since = NOW - timedelta(minutes=90)
+        got = store.compute_stats(engine=eng, window=timedelta(minutes=90), group_by="model", now=NOW)
+        assert got.plan == "values" and answer(got, "model") == brute(rows, since, None, "model")
+        eng.dispose()
+
+
 # --- the plans -----------------------------------------------------------------------------------------------------
 
 
@@ -304,10 +318,9 @@ def test_every_plan_is_exact_on_every_window(engine: Engine, group_by: str) -> N
                 now=NOW, plan=plan,
             )  # fmt: skip
             assert answer(got, group_by) == expected, (since, until, plan)
-            # no fallback: the rollups and the value blocks agree with the table (4,000 rows: a small window);
-            # PostgreSQL keeps no value blocks (its percentile_disc over the rows is faster)
-            small = "raw" if engine.dialect.name == "postgresql" else "values"
-            assert got.plan == (small if plan in (None, "values") else plan), (since, until, plan)
+            # no fallback: the rollups and the value blocks agree with the table (4,000 rows: a small window),
+            # on both back ends
+            assert got.plan == ("values" if plan is None else plan), (since, until, plan)
             assert all(getattr(g, f).exact for g in got.data for f in FIELDS)
 
 

@@ -376,21 +376,40 @@ class _State:
     rows)."""
 
 
+_PG_STATE: Final = (
+    f"SELECT (SELECT min(id) FROM {REQUEST_TABLE.name}), (SELECT max(id) FROM {REQUEST_TABLE.name}), "
+    f"(SELECT folded_id FROM {ROLLUP_STATE_TABLE.name} WHERE name = %(name)s), "
+    f"(SELECT min(start_time) FROM {REQUEST_TABLE.name}), (SELECT max({E2E}) FROM {REQUEST_TABLE.name}), "
+    f"(SELECT id FROM {REQUEST_TABLE.name} WHERE end_time >= %(start)s ORDER BY end_time LIMIT 1)"
+)
+""":func:`_state`'s statement on PostgreSQL."""
+
+
 def _state(conn: Connection, start: datetime) -> _State:
     """In one round trip: the table's id range, the rollups' watermark, the oldest start, the longest request,
     the window's first row."""
     t = REQUEST_TABLE
     s = ROLLUP_STATE_TABLE
-    row = conn.execute(
-        select(
-            select(func.min(t.c.id)).scalar_subquery(),
-            select(func.max(t.c.id)).scalar_subquery(),
-            select(s.c.folded_id).where(s.c.name == rollup.STATE_NAME).scalar_subquery(),
-            select(func.min(t.c.start_time)).scalar_subquery(),
-            select(func.max(t.c[E2E])).scalar_subquery(),
-            select(t.c.id).where(t.c.end_time >= start).order_by(t.c.end_time).limit(1).scalar_subquery(),
-        )
-    ).one()
+    if conn.dialect.name == "postgresql":  # the driver's own cursor: SQLAlchemy's statement costs more (0.7 ms)
+        cur = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+        try:
+            cur.execute(_PG_STATE, {"name": rollup.STATE_NAME, "start": start})
+            got = cur.fetchone()
+        finally:
+            cur.close()
+        assert got is not None
+        row: Sequence[Any] = got
+    else:
+        row = conn.execute(
+            select(
+                select(func.min(t.c.id)).scalar_subquery(),
+                select(func.max(t.c.id)).scalar_subquery(),
+                select(s.c.folded_id).where(s.c.name == rollup.STATE_NAME).scalar_subquery(),
+                select(func.min(t.c.start_time)).scalar_subquery(),
+                select(func.max(t.c[E2E])).scalar_subquery(),
+                select(t.c.id).where(t.c.end_time >= start).order_by(t.c.end_time).limit(1).scalar_subquery(),
+            )
+        ).one()
     oldest = row[3]
     if isinstance(oldest, str):  # SQLite: a scalar subquery's value comes back as stored
         oldest = datetime.fromisoformat(oldest)

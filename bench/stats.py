@@ -387,7 +387,10 @@ def bytes_per_row(engine: Engine, n: int) -> tuple[float, float]:
         with engine.connect() as conn:
             main = conn.execute(text(f"SELECT pg_total_relation_size('{REQUEST_TABLE.name}')")).scalar_one()
             roll = conn.execute(
-                text("SELECT pg_total_relation_size('request_rollups') + pg_total_relation_size('rollup_state')")
+                text(
+                    "SELECT pg_total_relation_size('request_rollups') + pg_total_relation_size('rollup_state') "
+                    "+ pg_total_relation_size('request_values')"
+                )
             ).scalar_one()
         return main / n, roll / n
     with engine.connect() as conn:

@@ -326,7 +326,7 @@ VALUES_TABLE: Final = Table(
 )
 """Per minute (``period_seconds`` 60): every latency value of the requests that ended in it, per series and
 field, sorted (:mod:`inferwatch.collector.values` has the layout): a small window's exact percentiles without
-reading its rows. Maintained with the rollups, in the same transactions, on SQLite (empty on PostgreSQL)."""
+reading its rows. Maintained with the rollups, in the same transactions, on both back ends (PostgreSQL since 0005)."""
 
 ROLLUP_STATE_TABLE: Final = Table(
     "rollup_state",

@@ -3,7 +3,7 @@
 Off the writer's path: a background thread of each collector (:class:`RollupJob`, started and stopped with
 it) reads the request rows above the watermark (``rollup_state.folded_id``) in id order and adds them to the
 rollups of the minute and the hour each ended in (per engine, model and instance: counts, token sums, and a
-log-bucket sketch per latency column, :mod:`inferwatch.collector.sketch`) and, on SQLite, to the minute's
+log-bucket sketch per latency column, :mod:`inferwatch.collector.sketch`) and to the minute's
 value block (:mod:`inferwatch.collector.values`; ten-minute blocks are built from the minutes once a period
 has ended, and rebuilt when its minutes change), and moves the watermark in the same transaction.
 Idempotent: the watermark moves only from the value the pass read (compare and set), so a pass that raced
@@ -51,7 +51,7 @@ PASS_BUDGET_S: Final = 2.0
 """A pass stops after the chunk that crosses this (the next pass goes on): stop() stays prompt."""
 PERIODS: Final = (60, 3600)
 CLOSE_S: Final = 120.0
-"""SQLite: a ten-minute value block is built this long after its period ended (rows folded later rebuild it)."""
+"""A ten-minute value block is built this long after its period ended (rows folded later rebuild it)."""
 TEN: Final = timedelta(minutes=10)
 ROLLUP_RETENTION: Final = timedelta(days=1)
 """Rollups are kept this long past the oldest stored request."""

@@ -283,8 +283,8 @@ SCAN_SHARE: Final = 0.05
 own rows (by end time); a larger one from the latency indexes (ranges of the whole table)."""
 RAW_LIMIT: Final = 50_000
 """A window of at most about this many rows (estimated from the id of its first row) is answered from its values
-sorted per group: on SQLite those of its value blocks (plan ``values``), on PostgreSQL its rows (``raw``:
-``percentile_disc``); not the rollups' sketches (they hold too few rows per minute and series to be cheaper)."""
+gathered per group from its value blocks (plan ``values``; ``raw``, its rows, while the rollups are far behind);
+not the rollups' sketches (they hold too few rows per minute and series to be cheaper)."""
 TAIL_LIMIT: Final = 250_000
 """Rows not yet in the rollups beyond which the rollups are not used (a backfill under way): the index walks."""
 
@@ -1020,8 +1020,8 @@ def compute_stats(
     and the rows not yet rolled up, read raw) locate each exact percentile in one log bucket; its value is then
     read from the window's rows (``scan``: windows under :data:`SCAN_SHARE` of the table) or from the field's
     covering index (``index``); ``sketch`` reports the bucket's centre. ``walk``: index walks without the
-    rollups, while they are far behind. A small window (:data:`RAW_LIMIT`): ``values`` (SQLite: the value
-    blocks of its whole periods, :mod:`inferwatch.collector.values`) or ``raw`` (its rows).
+    rollups, while they are far behind. A small window (:data:`RAW_LIMIT`): ``values`` (the value blocks of
+    its whole periods, :mod:`inferwatch.collector.values`) or ``raw`` (its rows, while the rollups are behind).
 
     ``slos``: column name -> upper limit in seconds. A request is good when it did not fail and each SLO holds
     (TPOT of single-token outputs counts as 0): vLLM's benchmark definition of goodput. Goodput is always

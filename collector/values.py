@@ -6,9 +6,8 @@ table is ~700 bytes; its four latencies are 32). A block holds one minute's requ
 (JSON, the sorted ``[engine, model, instance]`` keys), ``counts`` (int64, row-major by quantity: for each of
 :data:`TOTALS` and then each field, one number per series: ``counts[k * S + s]``) and ``vals`` (float64,
 field-major, each series' values of a field sorted). Both arrays little-endian. A window then reads one row
-per minute, slices each group's values and sorts runs that are already sorted. Maintained with the rollups, in
-the same transactions, on SQLite (:mod:`inferwatch.collector.rollup`; PostgreSQL's own ``percentile_disc``
-over a small window's rows is faster than reading blocks into Python, measured in ``bench/stats.py``).
+per minute (or ten), gathers each group's values and picks their nearest ranks. Maintained with the rollups, in
+the same transactions, on both back ends (:mod:`inferwatch.collector.rollup`).
 
 Pure: no database. The reading side (:class:`Gather`) uses numpy: a block's arrays are read in place
 (``frombuffer``), each group's values gathered by a stable sort of their group labels (a radix sort) and its

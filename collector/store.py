@@ -15,7 +15,6 @@ import contextvars
 import functools
 import json
 import logging
-import math
 import re
 import threading
 from bisect import bisect_left
@@ -57,6 +56,7 @@ from inferwatch.collector.schemas import (
     StatsGroup,
     StatsPlan,
 )
+from inferwatch.collector.values import nearest_rank as nearest_rank
 from inferwatch.core.schema import DECODE, E2E, GENERATION_TOKENS, PREFILL, PROMPT_TOKENS, QUEUE, TPOT, TTFT
 
 SortField = Literal[
@@ -287,12 +287,6 @@ gathered per group from its value blocks (plan ``values``; ``raw``, its rows, wh
 not the rollups' sketches (they hold too few rows per minute and series to be cheaper)."""
 TAIL_LIMIT: Final = 250_000
 """Rows not yet in the rollups beyond which the rollups are not used (a backfill under way): the index walks."""
-
-
-def nearest_rank(n: int, q: float) -> int:
-    """0-based index of the q-quantile by the nearest-rank definition (exact, an observed value); computed as
-    PostgreSQL's ``percentile_disc`` does (``ceil(q * n)`` in double precision)."""
-    return max(0, min(n - 1, math.ceil(q * n) - 1))
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -137,9 +137,10 @@ LEFT_OUT: Final = object()
 """What a :class:`Gather`'s ``group_of`` answers for a series that the filters leave out."""
 
 
-def _ranks(n: int, quantiles: Sequence[float]) -> list[int]:
-    """0-based nearest ranks (as PostgreSQL's ``percentile_disc``: ``ceil(q * n)`` in double precision)."""
-    return [max(0, min(n - 1, math.ceil(q * n) - 1)) for q in quantiles]
+def nearest_rank(n: int, q: float) -> int:
+    """0-based index of the q-quantile by the nearest-rank definition (exact, an observed value); computed as
+    PostgreSQL's ``percentile_disc`` does (``ceil(q * n)`` in double precision)."""
+    return max(0, min(n - 1, math.ceil(q * n) - 1))
 
 
 class Gather:
@@ -248,7 +249,7 @@ class Gather:
                 if n == 0:
                     row.append((0, None))
                     continue
-                ranks = _ranks(n, quantiles)
+                ranks = [nearest_rank(n, q) for q in quantiles]
                 row.append((n, np.partition(v[start : start + n], ranks)[ranks].tolist()))
                 start += n
             out.append(row)

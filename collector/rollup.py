@@ -66,6 +66,15 @@ def failed_condition() -> ColumnElement[bool]:
     return func.coalesce(t.c.finish_reason, "").in_(FAILED) | t.c.error.is_not(None)
 
 
+FAILED_FLAG_PG: Final = (
+    "CASE WHEN coalesce(finish_reason, '') IN ("
+    + ", ".join(f"'{reason}'" for reason in FAILED)
+    + ") OR error IS NOT NULL THEN 1 ELSE 0 END"
+)
+""":func:`failed_condition` as 1 or 0, in PostgreSQL's text (for statements sent through the driver's cursor:
+building the SQLAlchemy expression costs more than running it on a small window)."""
+
+
 @dataclass(slots=True)
 class Totals:
     """Requests, failures and token sums (with how many rows had each) of some rows: the exact part of an

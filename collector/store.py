@@ -798,18 +798,54 @@ def _values(conn: Connection, w: _Window, filters: StatsFilter, group_by: GroupB
     if r1 is None or r1 > r0:
         for block in _blocks(conn, r0, r1):
             gather.add_block(*block)
-    edges = [t.c.end_time < r0]
-    if r1 is not None:
-        edges.append(t.c.end_time >= r1)
-    group_col = [] if gi is None else [t.c[group_by]]
-    cols = [*group_col, case((rollup.failed_condition(), 1), else_=0), t.c[PROMPT_TOKENS], t.c[GENERATION_TOKENS],
-            *(t.c[f] for f in STAT_FIELDS)]  # fmt: skip
     # one statement: the edges below the watermark and every row above it
-    for raw_row in conn.execute(select(*cols).where(*w.conds(filters), or_(t.c.id > st.folded, *edges))).all():
+    if conn.dialect.name == "postgresql":
+        edge_rows: Sequence[Any] = _pg_edges(conn, w, filters, group_by, st.folded, r0, r1)
+    else:
+        edges = [t.c.end_time < r0]
+        if r1 is not None:
+            edges.append(t.c.end_time >= r1)
+        group_col = [] if gi is None else [t.c[group_by]]
+        cols = [*group_col, case((rollup.failed_condition(), 1), else_=0), t.c[PROMPT_TOKENS],
+                t.c[GENERATION_TOKENS], *(t.c[f] for f in STAT_FIELDS)]  # fmt: skip
+        edge_rows = conn.execute(select(*cols).where(*w.conds(filters), or_(t.c.id > st.folded, *edges))).all()
+    for raw_row in edge_rows:
         tup = tuple(raw_row)
-        failed, pt, gt, *latencies = tup[1:] if group_col else tup
-        gather.add_row(tup[0] if group_col else None, failed, pt, gt, latencies)
+        failed, pt, gt, *latencies = tup if gi is None else tup[1:]
+        gather.add_row(None if gi is None else tup[0], failed, pt, gt, latencies)
     return _gathered(gather)
+
+
+def _pg_edges(
+    conn: Connection,
+    w: _Window,
+    filters: StatsFilter,
+    group_by: GroupBy,
+    folded: int,
+    r0: datetime,
+    r1: datetime | None,
+) -> list[tuple[Any, ...]]:
+    """PostgreSQL, through the driver's cursor (building the SQLAlchemy statement took 0.9 ms, running it 0.3):
+    the window's rows outside the rollups' whole minutes [r0, r1) or above the watermark, as
+    (group, failed, prompt tokens, generation tokens, *latencies) — the group only when grouped."""
+    t = REQUEST_TABLE.name
+    cols = [*([] if group_by == "none" else [group_by]), rollup.FAILED_FLAG_PG, PROMPT_TOKENS, GENERATION_TOKENS,
+            *STAT_FIELDS]  # fmt: skip
+    params: dict[str, Any] = {"start": w.start, "end": w.end, "folded": folded, "r0": r0, "r1": r1}
+    where = ["end_time >= %(start)s"]
+    if w.end is not None:
+        where.append("end_time < %(end)s")
+    for k, (name, value) in enumerate(filters.items()):
+        where.append(f"{name} = %(f{k})s")
+        params[f"f{k}"] = value
+    outside = "id > %(folded)s OR end_time < %(r0)s" + ("" if r1 is None else " OR end_time >= %(r1)s")
+    sql = f"SELECT {', '.join(cols)} FROM {t} WHERE {' AND '.join(where)} AND ({outside})"
+    cur = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+    try:
+        cur.execute(sql, params)
+        return list(cur.fetchall())
+    finally:
+        cur.close()
 
 
 def _gathered(gather: values.Gather) -> list[dict[str, Any]]:

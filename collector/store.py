@@ -798,13 +798,20 @@ def _values(conn: Connection, w: _Window, filters: StatsFilter, group_by: GroupB
         return None if gi is None else k[gi]
 
     gather = values.Gather(len(STAT_FIELDS), group_of)
-    if r1 is None or r1 > r0:
-        for block in _blocks(conn, r0, r1):
-            gather.add_block(*block)
-    # one statement: the edges below the watermark and every row above it
-    if conn.dialect.name == "postgresql":
-        edge_rows: Sequence[Any] = _pg_edges(conn, w, filters, group_by, st.folded, r0, r1)
+    blocks = r1 is None or r1 > r0
+    edge_rows: Sequence[Any]
+    if conn.dialect.name == "postgresql":  # one statement: the blocks, the edges and the rows above the watermark
+        edge_rows = []
+        for row in _pg_blocks_and_edges(conn, w, filters, group_by, st.folded, r0, r1, blocks=blocks):
+            if row[0] is None:
+                edge_rows.append(row[3:] if gi is not None else row[4:])
+            else:
+                gather.add_block(row[0], row[1], row[2])
     else:
+        if blocks:
+            for block in _blocks(conn, r0, r1):
+                gather.add_block(*block)
+        # one statement: the edges below the watermark and every row above it
         edges = [t.c.end_time < r0]
         if r1 is not None:
             edges.append(t.c.end_time >= r1)
@@ -819,7 +826,7 @@ def _values(conn: Connection, w: _Window, filters: StatsFilter, group_by: GroupB
     return _gathered(gather)
 
 
-def _pg_edges(
+def _pg_blocks_and_edges(
     conn: Connection,
     w: _Window,
     filters: StatsFilter,
@@ -827,13 +834,18 @@ def _pg_edges(
     folded: int,
     r0: datetime,
     r1: datetime | None,
+    *,
+    blocks: bool,
 ) -> list[tuple[Any, ...]]:
-    """PostgreSQL, through the driver's cursor (building the SQLAlchemy statement took 0.9 ms, running it 0.3):
-    the window's rows outside the rollups' whole minutes [r0, r1) or above the watermark, as
-    (group, failed, prompt tokens, generation tokens, *latencies) — the group only when grouped."""
+    """PostgreSQL, in one statement through the driver's cursor, in binary (bytea as text is hex, 4x slower to
+    send and read): the value blocks of [r0, r1) (with ``blocks``; :data:`_PG_BLOCKS`) as (series, counts,
+    vals, None...), and the window's rows outside those whole minutes or above the watermark as (None, None,
+    None, group, failed, prompt tokens, generation tokens, *latencies). Written out, not built: building the
+    SQLAlchemy statement of the rows took 0.9 ms, running it 0.3; a second statement cost a round trip and its
+    planning (0.5 ms)."""
     t = REQUEST_TABLE.name
-    cols = [*([] if group_by == "none" else [group_by]), rollup.FAILED_FLAG_PG, PROMPT_TOKENS, GENERATION_TOKENS,
-            *STAT_FIELDS]  # fmt: skip
+    g = "NULL::text" if group_by == "none" else group_by
+    cols = [g, rollup.FAILED_FLAG_PG, PROMPT_TOKENS, GENERATION_TOKENS, *STAT_FIELDS]
     params: dict[str, Any] = {"start": w.start, "end": w.end, "folded": folded, "r0": r0, "r1": r1}
     where = ["end_time >= %(start)s"]
     if w.end is not None:
@@ -841,11 +853,19 @@ def _pg_edges(
     for k, (name, value) in enumerate(filters.items()):
         where.append(f"{name} = %(f{k})s")
         params[f"f{k}"] = value
-    outside = "id > %(folded)s OR end_time < %(r0)s" + ("" if r1 is None else " OR end_time >= %(r1)s")
-    sql = f"SELECT {', '.join(cols)} FROM {t} WHERE {' AND '.join(where)} AND ({outside})"
-    cur = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+    # three ranges of an index each (one condition with OR made the server visit every row of the window):
+    # before the whole minutes, after them, and above the watermark within them
+    head = f"SELECT NULL::text, NULL::bytea, NULL::bytea, {', '.join(cols)} FROM {t} WHERE {' AND '.join(where)} AND "
+    parts = [head + "end_time < %(r0)s"]
+    if r1 is not None:
+        parts.append(head + "end_time >= %(r1)s")
+    parts.append(head + "id > %(folded)s AND end_time >= %(r0)s" + ("" if r1 is None else " AND end_time < %(r1)s"))
+    if blocks:
+        params["last_ten"] = None if r1 is None else r1 - rollup.TEN
+        parts.insert(0, _PG_BLOCKS)
+    cur = conn.connection.dbapi_connection.cursor(binary=True)  # type: ignore[union-attr]
     try:
-        cur.execute(sql, params)
+        cur.execute(" UNION ALL ".join(parts), params)
         return list(cur.fetchall())
     finally:
         cur.close()
@@ -873,7 +893,8 @@ def _gathered(gather: values.Gather) -> list[dict[str, Any]]:
 
 
 _PG_BLOCKS: Final = f"""
-SELECT v.series, v.counts, v.vals FROM {VALUES_TABLE.name} AS v
+SELECT v.series, v.counts, v.vals, NULL::text, NULL::int4, NULL::int8, NULL::int8,
+  {", ".join("NULL::float8" for _ in STAT_FIELDS)} FROM {VALUES_TABLE.name} AS v
 WHERE v.period_start >= %(r0)s AND (%(r1)s::timestamptz IS NULL OR v.period_start < %(r1)s) AND (
   (v.period_seconds = 600 AND (%(last_ten)s::timestamptz IS NULL OR v.period_start <= %(last_ten)s))
   OR (v.period_seconds = 60 AND NOT EXISTS (
@@ -881,22 +902,14 @@ WHERE v.period_start >= %(r0)s AND (%(r1)s::timestamptz IS NULL OR v.period_star
       AND ten.period_start <= v.period_start AND ten.period_start > v.period_start - interval '10 minutes'
       AND ten.period_start >= %(r0)s AND (%(last_ten)s::timestamptz IS NULL OR ten.period_start <= %(last_ten)s))))
 """
-"""The blocks of [r0, r1): each whole ten-minute period's block where it has one, the other minutes' blocks."""
+"""The blocks of [r0, r1): each whole ten-minute period's block where it has one, the other minutes' blocks (the
+columns of :func:`_pg_blocks_and_edges`)."""
 
 
 def _blocks(conn: Connection, r0: datetime, r1: datetime | None) -> list[tuple[str, bytes, bytes]]:
-    """(series, counts, vals) of the value blocks that cover [r0, r1) once: whole ten-minute periods from their
-    blocks, the other minutes from theirs. PostgreSQL: chosen by the server and sent in binary (bytea as text is
-    hex, 4x slower to send and read than the blocks' own bytes)."""
+    """SQLite: (series, counts, vals) of the value blocks that cover [r0, r1) once: whole ten-minute periods from
+    their blocks, the other minutes from theirs (PostgreSQL: :func:`_pg_blocks_and_edges`)."""
     v = VALUES_TABLE
-    if conn.dialect.name == "postgresql":
-        cur = conn.connection.dbapi_connection.cursor(binary=True)  # type: ignore[union-attr]
-        try:
-            last_ten = None if r1 is None else r1 - rollup.TEN
-            cur.execute(_PG_BLOCKS, {"r0": r0, "r1": r1, "last_ten": last_ten})
-            return list(cur.fetchall())
-        finally:
-            cur.close()
     vq = select(v.c.period_seconds, v.c.period_start, v.c.series, v.c.counts, v.c.vals).where(
         v.c.period_seconds.in_((60, 600)), v.c.period_start >= r0
     )
@@ -1071,15 +1084,17 @@ def compute_stats(
     if end is not None and end <= start:
         raise ValueError("until must be after since")
     seconds = ((end or now) - start).total_seconds()
-    failed = rollup.failed_condition()
-    good_conds: list[ColumnElement[bool]] = [~failed]
-    for name, limit in slos.items():
-        col = t.c[name]
-        if name == TPOT:
-            good_conds.append((col <= limit) | (func.coalesce(t.c[GENERATION_TOKENS], 0) <= 1))
-        else:
-            good_conds.append(col <= limit)
-    good = case((and_(*good_conds), 1), else_=0)
+
+    def good() -> ColumnElement[Any]:  # built when a plan needs it (0.1 ms of SQLAlchemy)
+        conds: list[ColumnElement[bool]] = [~rollup.failed_condition()]
+        for name, limit in slos.items():
+            col = t.c[name]
+            if name == TPOT:
+                conds.append((col <= limit) | (func.coalesce(t.c[GENERATION_TOKENS], 0) <= 1))
+            else:
+                conds.append(col <= limit)
+        return case((and_(*conds), 1), else_=0)
+
     postgres = engine.dialect.name == "postgresql"
     entries: list[dict[str, Any]] = []
     chosen: Plan
@@ -1093,6 +1108,7 @@ def compute_stats(
             ids = (st.min_id, st.max_id)
             folded = st.folded
             if ids[1] is None or ids[0] is None:
+                _end_read(conn)
                 return Stats(window_seconds=seconds, since=start, until=end, group_by=group_by, plan="scan", data=[])
             w = _Window(start=start, end=end, newest=int(ids[1]), bounded=False)  # one snapshot on both back ends
             chosen = plan or "scan"
@@ -1103,11 +1119,11 @@ def compute_stats(
             if chosen == "values":
                 entries = _values(conn, w, filters, group_by, st)
                 if slos:
-                    goods = _goodput_counts(conn, w, filters, group_by, good)
+                    goods = _goodput_counts(conn, w, filters, group_by, good())
                     for e in entries:
                         e["good"] = goods.get(e["key"], 0)
             elif chosen == "raw":
-                entries = _raw(conn, w, filters, group_by, good)
+                entries = _raw(conn, w, filters, group_by, good())
             elif plan == "walk" or (plan is None and int(ids[1]) - folded > TAIL_LIMIT):
                 chosen = "walk"
             else:
@@ -1129,13 +1145,15 @@ def compute_stats(
                     log.warning("stats: rollups disagree with the table (%s); answering by index walks", exc)
                     chosen = "walk"
                 if slos and chosen not in ("walk", "raw"):
-                    goods = _goodput_counts(conn, w, filters, group_by, good)
+                    goods = _goodput_counts(conn, w, filters, group_by, good())
                     for e in entries:
                         e["good"] = goods.get(e["key"], 0)
-        finally:
+        except BaseException:
             conn.rollback()
+            raise
+        _end_read(conn)
     if chosen == "walk":
-        entries = _walk(engine, w, filters, group_by, good)
+        entries = _walk(engine, w, filters, group_by, good())
     groups: list[StatsGroup] = []
     for e in sorted(entries, key=lambda e: (e["key"] is None, e["key"] or "")):
         key, good_n = e.pop("key"), e.pop("good", 0)
@@ -1150,6 +1168,20 @@ def compute_stats(
             }
         groups.append(StatsGroup.model_validate(e))
     return Stats(window_seconds=seconds, since=start, until=end, group_by=group_by, plan=chosen, data=groups)
+
+
+def _end_read(conn: Connection) -> None:
+    """End a read transaction that went well. PostgreSQL: by COMMIT, the same as a rollback for a read, but
+    psycopg forgets its prepared statements at every ROLLBACK (and sends DEALLOCATE ALL): ended by commit, the
+    connection keeps them for the next request (planning the state statement alone took 0.5 ms). The raw
+    cursors' statements bypass SQLAlchemy, which may not know a transaction is open: the driver commits."""
+    if conn.dialect.name != "postgresql":
+        conn.rollback()
+        return
+    if conn.in_transaction():
+        conn.commit()
+    else:
+        conn.connection.dbapi_connection.commit()  # type: ignore[union-attr]
 
 
 def _from_aggs(

@@ -131,6 +131,10 @@ def arrays(counts_b: bytes, vals_b: bytes) -> tuple[array[int], array[float]]:
     return counts, vals
 
 
+SORT_UP_TO: Final = 400
+""":meth:`Gather.ranked` sorts a slot of up to this many values, partitions a larger one at its ranks (measured
+on runs of sorted values: 200 values sorted in 0.8 us, partitioned in 2.1; 800 in 9.2 and 6.1; 5,400 in 120
+and 20)."""
 GroupKey = Any
 """A group's key (None: no grouping, or an engine, model or instance name, None where the series has none)."""
 LEFT_OUT: Final = object()
@@ -228,29 +232,32 @@ class Gather:
 
     def ranked(self, quantiles: Sequence[float]) -> list[list[tuple[int, list[float] | None]]]:
         """Per group (in :attr:`keys` order) and field: the number of values and their nearest-rank
-        ``quantiles`` (None: no value)."""
-        vals = [*self._vals, np.array(self._raw_vals, dtype=np.float64)]
-        labs = [*self._val_labels, np.array(self._raw_val_labels, dtype=np.intp)]
+        ``quantiles`` (None: no value). Every slot's ranks are computed at once (as :func:`nearest_rank` does:
+        ``ceil(q * n)`` in double precision) and picked at once; in between, each slot's values are sorted in
+        place (numpy's SIMD sort of a few hundred values, made of sorted runs, costs less than partitioning
+        them: 0.2 against 0.5 ms for 128 slots and 22k values)."""
         slots = len(self.keys) * self.fields
-        v = np.concatenate(vals)
-        lab = np.concatenate(labs)
+        v = np.concatenate([*self._vals, np.array(self._raw_vals, dtype=np.float64)])
+        lab = np.concatenate([*self._val_labels, np.array(self._raw_val_labels, dtype=np.intp)])
         if bool((lab < 0).any()):
             keep = lab >= 0
             v, lab = v[keep], lab[keep]
-        sizes: list[int] = np.bincount(lab, minlength=slots).tolist()
-        if len(self.keys) > 1 or self.fields > 1:  # each slot's values together: a stable radix sort of the labels
+        sizes = np.bincount(lab, minlength=slots)
+        if slots > 1:  # each slot's values together: a stable radix sort of the labels
             v = v[np.argsort(lab.astype(np.int16 if slots < 32768 else np.int32), kind="stable")]
-        out: list[list[tuple[int, list[float] | None]]] = []
-        start = 0
-        for g in range(len(self.keys)):
-            row: list[tuple[int, list[float] | None]] = []
-            for j in range(self.fields):
-                n = sizes[g * self.fields + j]
-                if n == 0:
-                    row.append((0, None))
-                    continue
-                ranks = [nearest_rank(n, q) for q in quantiles]
-                row.append((n, np.partition(v[start : start + n], ranks)[ranks].tolist()))
-                start += n
-            out.append(row)
-        return out
+        ends = np.cumsum(sizes)
+        starts = ends - sizes
+        qs = np.asarray(quantiles, dtype=np.float64)
+        ranks = np.maximum(np.ceil(qs[None, :] * sizes[:, None]).astype(np.intp) - 1, 0)
+        # v is this call's own array (concatenated, or taken): each slot sorted (or, when large, partitioned at
+        # its ranks: linear) in place
+        for a, b, kth in zip(starts.tolist(), ends.tolist(), ranks.tolist(), strict=True):
+            if b - a > SORT_UP_TO:
+                v[a:b].partition(kth)
+            elif b - a > 1:
+                v[a:b].sort()
+        picked: list[list[float]] = v[np.minimum(starts[:, None] + ranks, len(v) - 1)].tolist() if len(v) else []
+        sizes_l: list[int] = sizes.tolist()
+        f = self.fields
+        return [[(sizes_l[s], picked[s] if sizes_l[s] else None) for s in range(g * f, g * f + f)]
+                for g in range(len(self.keys))]  # fmt: skip

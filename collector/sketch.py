@@ -11,10 +11,10 @@ relatively, for values between :data:`MIN_VALUE` and :data:`MAX_VALUE` (below: r
 the rows of one bucket (``col > lo AND col <= hi``) and find precisely the values the sketch counted there: the
 exact percentile is then the right value among the rows of one bucket.
 
-Stdlib only (pure: no database). Why not a library: DataDog's ``ddsketch`` (PyPI, pure Python) computes the
-bucket of a value with a logarithm, whose rounding puts values next to a bound in a neighbour of the bucket a
-SQL range would select, and merges through per-bucket Python objects; this module needs exact float bounds
-and merges dense count arrays with C-level ``map``.
+Pure (no database): the stdlib, and numpy to merge many sketches at once. Why not a library: DataDog's
+``ddsketch`` (PyPI, pure Python) computes the bucket of a value with a logarithm, whose rounding puts values
+next to a bound in a neighbour of the bucket a SQL range would select, and merges through per-bucket Python
+objects; this module needs exact float bounds and merges dense count arrays (C-level ``map``, numpy).
 """
 
 from __future__ import annotations
@@ -24,9 +24,11 @@ import struct
 import sys
 from array import array
 from bisect import bisect_left, bisect_right
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from itertools import accumulate
 from typing import Final
+
+import numpy as np
 
 RELATIVE_ACCURACY: Final = 0.01
 """A sketched percentile is within 1% of the exact nearest-rank percentile of the same rows."""
@@ -138,6 +140,31 @@ class Histogram:
             hi = lo + len(arr)
             c = self.counts
             c[lo:hi] = map(operator.add, c[lo:hi], arr)
+
+    def add_many(self, datas: Sequence[bytes]) -> None:
+        """Many encoded sketches, as :meth:`add_encoded` each: their uint32 counts concatenated and added up by
+        one ``bincount`` (7 days of hourly sketches of 32 series: 24k sketches in 4x less time than one by
+        one). The weights are float64: exact while a bucket's sum stays below 2**53."""
+        los: list[int] = []
+        ns: list[int] = []
+        parts: list[bytes] = []
+        head = _HEADER.size
+        for data in datas:
+            code, lo, n = _HEADER.unpack_from(data)
+            if code != 2:
+                self.add_encoded(data, lanes=False)
+            elif n:
+                los.append(lo)
+                ns.append(n)
+                parts.append(data[head : head + 4 * n])
+        if not parts:
+            return
+        counts = np.frombuffer(b"".join(parts), dtype="<u4")
+        sizes = np.array(ns, dtype=np.intp)
+        offsets = np.array(los, dtype=np.intp) - (np.cumsum(sizes) - sizes)
+        buckets = np.arange(len(counts), dtype=np.intp) + np.repeat(offsets, sizes)
+        merged: list[int] = np.bincount(buckets, weights=counts, minlength=BUCKETS).astype(np.int64).tolist()
+        self._counts = list(map(operator.add, self.counts, merged))
 
     def add_counts(self, counts: dict[int, int]) -> None:
         c = self.counts

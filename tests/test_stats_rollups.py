@@ -128,14 +128,24 @@ def test_sketches_merge_exactly_and_round_trip() -> None:
     parts = [[rng.expovariate(3) for _ in range(rng.randrange(0, 300))] for _ in range(40)]
     direct = sketch.Histogram()
     direct.add_values(v for p in parts for v in p)
+    encoded = []
+    for p in parts:
+        counts: dict[int, int] = {}
+        for v in p:
+            counts[sketch.bucket_of(v)] = counts.get(sketch.bucket_of(v), 0) + 1
+        encoded.append(sketch.encode(counts))
     for lanes in (True, False):
         merged = sketch.Histogram()
-        for p in parts:
-            counts: dict[int, int] = {}
-            for v in p:
-                counts[sketch.bucket_of(v)] = counts.get(sketch.bucket_of(v), 0) + 1
-            merged.add_encoded(sketch.encode(counts), lanes=lanes)
+        for data in encoded:
+            merged.add_encoded(data, lanes=lanes)
         assert merged.counts == direct.counts
+    at_once = sketch.Histogram()  # all at once, on top of values already counted, with a 64-bit sketch among them
+    at_once.add_values([0.5])
+    at_once.add_many([*encoded, sketch.encode({3: 2**33})])
+    expected = list(direct.counts)
+    expected[sketch.bucket_of(0.5)] += 1
+    expected[3] += 2**33
+    assert at_once.counts == expected
     big = {5: 2**33, 7: 1}
     lo, arr = sketch.decode(sketch.encode(big))
     assert (lo, list(arr)) == (5, [2**33, 0, 1])

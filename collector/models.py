@@ -308,10 +308,10 @@ ROLLUP_TABLE: Final = Table(
     ),
     Index("ix_request_rollups_period_seconds", "period_seconds", "period_start"),
 )
-"""The requests that ended in one minute (``period_seconds`` 60) or one hour (3600) of one (engine, model,
-instance): counts, token sums (and how many rows reported them), and per latency column the rows with a value
-and their log-bucket counts (:mod:`inferwatch.collector.sketch`). Maintained from the request table by
-:mod:`inferwatch.collector.rollup`; ``rollup_state`` says up to which row id."""
+"""The requests that ended in one minute (``period_seconds`` 60), one hour (3600) or one day (86400, UTC) of
+one (engine, model, instance): counts, token sums (and how many rows reported them), and per latency column the
+rows with a value and their log-bucket counts (:mod:`inferwatch.collector.sketch`). Maintained from the request
+table by :mod:`inferwatch.collector.rollup`; ``rollup_state`` says up to which row id."""
 
 VALUES_TABLE: Final = Table(
     "request_values",

@@ -49,7 +49,8 @@ CHUNK: Final = 20_000
 """Request rows read and folded per transaction."""
 PASS_BUDGET_S: Final = 2.0
 """A pass stops after the chunk that crosses this (the next pass goes on): stop() stays prompt."""
-PERIODS: Final = (60, 3600)
+PERIODS: Final = (60, 3600, 86400)
+"""Minutes, hours and days (UTC): a week's window reads 7 days of rows per series, not 168 hours of them."""
 CLOSE_S: Final = 120.0
 """A ten-minute value block is built this long after its period ended (rows folded later rebuild it)."""
 TEN: Final = timedelta(minutes=10)
@@ -308,15 +309,19 @@ def _closing(conn: Connection, now: datetime) -> None:
 
 
 def by_period(minutes: dict[Key, Partial]) -> dict[int, dict[Key, Partial]]:
-    """The minute partials, and the same folded into their hours."""
+    """The minute partials, and the same folded into their hours and their days."""
     hours: dict[Key, Partial] = {}
+    days: dict[Key, Partial] = {}
     for (start, e, m, i), p in minutes.items():
-        key = (start.replace(minute=0), e, m, i)
-        h = hours.get(key)
-        if h is None:
-            h = hours[key] = Partial()
-        h.merge(p)
-    return {60: minutes, 3600: hours}
+        for out, key in (
+            (hours, (start.replace(minute=0), e, m, i)),
+            (days, (start.replace(hour=0, minute=0), e, m, i)),
+        ):
+            h = out.get(key)
+            if h is None:
+                h = out[key] = Partial()
+            h.merge(p)
+    return {60: minutes, 3600: hours, 86400: days}
 
 
 def _write(conn: Connection, period: int, parts: dict[Key, Partial]) -> None:

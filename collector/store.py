@@ -335,6 +335,7 @@ def _aware(t: datetime) -> datetime:
 
 MINUTE: Final = timedelta(minutes=1)
 HOUR: Final = timedelta(hours=1)
+DAY: Final = timedelta(days=1)
 
 
 @dataclass
@@ -430,17 +431,29 @@ def _rollup_range(w: _Window, st: _State) -> tuple[datetime, datetime | None]:
 
 
 def _periods(r0: datetime, r1: datetime | None) -> list[tuple[int, datetime, datetime | None]]:
-    """[r0, r1) as (period seconds, start, end): whole hours in hour rollups, the minutes around them."""
-    h0 = _ceil(r0, HOUR)
-    h1 = None if r1 is None else _floor(r1, HOUR)
-    periods: list[tuple[int, datetime, datetime | None]] = []
-    if h1 is not None and h1 <= h0:
-        periods.append((60, r0, r1))
-    else:
-        periods += [(60, r0, h0), (3600, h0, h1)]
-        if h1 is not None:
-            periods.append((60, h1, r1))
-    return periods
+    """[r0, r1) as (period seconds, start, end): whole days in day rollups, whole hours around them in hour
+    rollups, the minutes around those (empty ranges left out)."""
+    out: list[tuple[int, datetime, datetime | None]] = []
+
+    def split(a: datetime, b: datetime | None, levels: tuple[tuple[int, timedelta], ...]) -> None:
+        if b is not None and b <= a:
+            return
+        if not levels:
+            out.append((60, a, b))
+            return
+        (seconds, unit), rest = levels[0], levels[1:]
+        c0 = _ceil(a, unit)
+        c1 = None if b is None else _floor(b, unit)
+        if c1 is not None and c1 <= c0:
+            split(a, b, rest)
+            return
+        split(a, c0, rest)
+        out.append((seconds, c0, c1))
+        if c1 is not None:
+            split(c1, b, rest)
+
+    split(r0, r1, ((86400, DAY), (3600, HOUR)))
+    return out
 
 
 def _rollup_aggs(
@@ -456,7 +469,7 @@ def _rollup_aggs(
     names = [*([] if group_by == "none" else [group_by]), "requests", "failed", PROMPT_TOKENS,
              f"{PROMPT_TOKENS}_count", GENERATION_TOKENS, f"{GENERATION_TOKENS}_count",
              *(c for f in STAT_FIELDS for c in (f"{f}_count", f"{f}_sketch"))]  # fmt: skip
-    periods = [(period, a, b) for period, a, b in _periods(r0, r1) if b is None or b > a]
+    periods = _periods(r0, r1)
     rollup_rows: list[Sequence[Any]] = []
     if conn.dialect.name == "postgresql" and periods:
         # one statement, through the driver's cursor, in binary: the sketches as text are hex (twice the bytes to

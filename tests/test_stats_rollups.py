@@ -155,10 +155,14 @@ def test_sketches_merge_exactly_and_round_trip() -> None:
 
 
 def totals(engine: Engine) -> tuple[int, int]:
+    """Requests in the minute rollups and in the hour rollups (the day rollups must hold as many as the hours)."""
     r = ROLLUP_TABLE
     with engine.connect() as conn:
-        minutes = conn.execute(select(func.sum(r.c.requests)).where(r.c.period_seconds == 60)).scalar_one()
-        hours = conn.execute(select(func.sum(r.c.requests)).where(r.c.period_seconds == 3600)).scalar_one()
+        minutes, hours, days = (
+            conn.execute(select(func.sum(r.c.requests)).where(r.c.period_seconds == period)).scalar_one()
+            for period in (60, 3600, 86400)
+        )
+    assert int(days or 0) == int(hours or 0)
     return int(minutes or 0), int(hours or 0)
 
 
@@ -278,6 +282,31 @@ def test_upgrading_to_value_blocks_folds_every_row_again(tmp_path: Path) -> None
     since = NOW - timedelta(minutes=90)
     got = store.compute_stats(engine=eng, window=timedelta(minutes=90), group_by="instance", now=NOW)
     assert got.plan == "values" and answer(got, "instance") == brute(rows, since, None, "instance")
+    eng.dispose()
+
+
+def test_upgrading_to_day_rollups_folds_every_row_again(tmp_path: Path) -> None:
+    """A store rolled up at revision 0005 (minutes and hours): migration 0006 empties the rollups, the blocks and
+    the watermark, the job folds every row again, into days too, and a week's window is exact from them."""
+    eng = db.make_engine(db.default_url(tmp_path))
+    db.upgrade(eng, "0005")
+    rows = make_rows(1500, seed=10)
+    db.insert_records(eng, rows)
+    assert rollup.catch_up(eng) == 1500
+    with eng.begin() as conn:  # what 0005's job left: no day rows
+        conn.execute(ROLLUP_TABLE.delete().where(ROLLUP_TABLE.c.period_seconds == 86400))
+    db.upgrade(eng)
+    with eng.connect() as conn:
+        assert rollup.watermark(conn) == 0
+        assert conn.execute(select(func.count()).select_from(ROLLUP_TABLE)).scalar_one() == 0
+        assert conn.execute(select(func.count()).select_from(VALUES_TABLE)).scalar_one() == 0
+    assert rollup.catch_up(eng) == 1500
+    with eng.connect() as conn:
+        days = select(func.count()).select_from(ROLLUP_TABLE).where(ROLLUP_TABLE.c.period_seconds == 86400)
+        assert conn.execute(days).scalar_one() > 0
+    for plan in ("index", "scan"):
+        got = store.compute_stats(engine=eng, window=timedelta(days=7), group_by="model", now=NOW, plan=plan)
+        assert answer(got, "model") == brute(rows, NOW - timedelta(days=7), None, "model"), plan
     eng.dispose()
 
 

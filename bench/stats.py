@@ -225,7 +225,7 @@ def fill_server(engine: Engine, n: int, now: datetime, batch: int = 2_000_000) -
 def analyse(engine: Engine) -> None:
     if engine.dialect.name == "postgresql":
         with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-            conn.execute(text(f"VACUUM ANALYZE {REQUEST_TABLE.name}, request_rollups"))
+            conn.execute(text(f"VACUUM ANALYZE {REQUEST_TABLE.name}, request_rollups, request_values"))
     else:
         with engine.begin() as conn:
             conn.execute(text("ANALYZE"))

@@ -102,39 +102,15 @@ def decode(data: bytes) -> tuple[int, array[int]]:
     return lo, arr
 
 
-LANE_LIMIT: Final = 1 << 32
-"""Merged through 32-bit lanes of one integer while the counts merged stay below this (no lane can overflow)."""
-
-
 class Histogram:
-    """Bucket counts being merged (dense, every bucket): sketches and single values added in.
+    """Bucket counts being merged (dense, every bucket): sketches and single values added in."""
 
-    Encoded uint32 sketches are summed as big integers with one 32-bit lane per bucket (one C-level addition per
-    sketch, whatever its size), unpacked into :attr:`counts` when read; the caller keeps the total merged this
-    way below :data:`LANE_LIMIT` (else :meth:`add_encoded` with ``lanes=False``)."""
-
-    __slots__ = ("_big", "_counts")
+    __slots__ = ("counts",)
 
     def __init__(self) -> None:
-        self._counts = [0] * BUCKETS
-        self._big = 0
+        self.counts = [0] * BUCKETS
 
-    @property
-    def counts(self) -> list[int]:
-        if self._big:
-            lanes = array("I")
-            lanes.frombytes(self._big.to_bytes(4 * BUCKETS, "little"))
-            if sys.byteorder == "big":  # pragma: no cover
-                lanes.byteswap()
-            self._counts = list(map(operator.add, self._counts, lanes))
-            self._big = 0
-        return self._counts
-
-    def add_encoded(self, data: bytes, lanes: bool = True) -> None:
-        code, lo, n = _HEADER.unpack_from(data)
-        if lanes and code == 2 and sys.byteorder == "little":
-            self._big += int.from_bytes(data[_HEADER.size : _HEADER.size + 4 * n], "little") << (32 * lo)
-            return
+    def add_encoded(self, data: bytes) -> None:
         lo, arr = decode(data)
         if arr:
             hi = lo + len(arr)
@@ -152,7 +128,7 @@ class Histogram:
         for data in datas:
             code, lo, n = _HEADER.unpack_from(data)
             if code != 2:
-                self.add_encoded(data, lanes=False)
+                self.add_encoded(data)
             elif n:
                 los.append(lo)
                 ns.append(n)
@@ -164,7 +140,7 @@ class Histogram:
         offsets = np.array(los, dtype=np.intp) - (np.cumsum(sizes) - sizes)
         buckets = np.arange(len(counts), dtype=np.intp) + np.repeat(offsets, sizes)
         merged: list[int] = np.bincount(buckets, weights=counts, minlength=BUCKETS).astype(np.int64).tolist()
-        self._counts = list(map(operator.add, self.counts, merged))
+        self.counts = list(map(operator.add, self.counts, merged))
 
     def add_counts(self, counts: dict[int, int]) -> None:
         c = self.counts

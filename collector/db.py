@@ -326,12 +326,37 @@ def make_engine(url: str | URL, timeouts: DbTimeouts | None = None) -> Engine:
         event.listen(engine, "handle_error", _disarm_on_error)
         return engine
     if backend == "postgresql":
-        engine = create_engine(parsed, pool_pre_ping=True, pool_timeout=timeouts.pool)
-        if parsed.get_driver_name() == "psycopg":
-            event.listen(engine, "do_connect", _pg_connect_listener(timeouts))
-            _bound_ping(engine)
-        return engine
+        return _pg_engine(parsed, timeouts)
     return create_engine(parsed, pool_pre_ping=True, pool_timeout=timeouts.pool)
+
+
+def _pg_engine(parsed: URL, timeouts: DbTimeouts, **kwargs: Any) -> Engine:
+    engine = create_engine(parsed, pool_pre_ping=True, pool_timeout=timeouts.pool, **kwargs)
+    if parsed.get_driver_name() == "psycopg":
+        event.listen(engine, "do_connect", _pg_connect_listener(timeouts))
+        _bound_ping(engine)
+    return engine
+
+
+STATS_ISOLATION: Final = "REPEATABLE READ"
+"""The isolation of a statistics read on PostgreSQL: its statements see one snapshot (the rollups, their watermark
+and the table agree)."""
+
+
+def make_stats_engine(url: str | URL, timeouts: DbTimeouts | None = None) -> Engine | None:
+    """PostgreSQL: an engine of its own for the statistics reads (``/api/v1/stats``), as :func:`make_engine`
+    but with its own pool, whose connections start their transactions at :data:`STATS_ISOLATION` and are reused
+    newest first. None on other back ends (the store's engine serves them).
+
+    Why a pool of their own: psycopg forgets every prepared statement of a connection at a rollback (it sends
+    ``DEALLOCATE ALL``), and the API's other reads end in rollbacks. On a shared pool the statistics statements
+    were parsed and planned afresh at each request (0.6-0.8 ms of a 1-hour window's 2.9 ms, measured); on their
+    own connections, whose reads end in a commit, they stay prepared."""
+    timeouts = timeouts or DbTimeouts()
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "postgresql":
+        return None
+    return _pg_engine(parsed, timeouts, pool_use_lifo=True, isolation_level=STATS_ISOLATION)
 
 
 # --- migrations ------------------------------------------------------------------------------------------------------

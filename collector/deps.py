@@ -29,6 +29,14 @@ def get_engine(collector: CollectorDep) -> Engine:
 
 EngineDep = Annotated[Engine, Depends(get_engine)]
 
+
+def get_stats_engine(collector: CollectorDep) -> Engine:
+    return collector.stats_reader
+
+
+StatsEngineDep = Annotated[Engine, Depends(get_stats_engine)]
+"""The engine of the statistics reads (:attr:`Collector.stats_reader`)."""
+
 Bearer = Annotated[
     HTTPAuthorizationCredentials | None,
     Depends(HTTPBearer(auto_error=False, description="A token of the scope (none needed when none configured).")),

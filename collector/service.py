@@ -45,6 +45,9 @@ class Collector:
     alerts: AlertWorker
     owns_engine: bool = False
     """True when :func:`build` made the engine (then :meth:`stop` disposes it)."""
+    stats_engine: Engine | None = None
+    """PostgreSQL: the statistics reads' own engine (:func:`~inferwatch.collector.db.make_stats_engine`), made
+    and disposed with an engine of our own; None: :attr:`engine` serves them."""
     grpc_server: Any = None
     lock: DataDirLock | None = None
     """The data directory's lock, held from :meth:`start` to :meth:`stop`."""
@@ -79,6 +82,13 @@ class Collector:
                 self.lock.release()
         if self.owns_engine:  # a caller's engine stays the caller's
             self.engine.dispose()
+            if self.stats_engine is not None:
+                self.stats_engine.dispose()
+
+    @property
+    def stats_reader(self) -> Engine:
+        """The engine the statistics reads use."""
+        return self.stats_engine or self.engine
 
 
 def build(settings: CollectorSettings, engine: Engine | None = None) -> Collector:
@@ -118,6 +128,7 @@ def build(settings: CollectorSettings, engine: Engine | None = None) -> Collecto
         Intaker(engine),
         AlertWorker(engine, on, notify, links),
         owns_engine=owns_engine,
+        stats_engine=db.make_stats_engine(settings.url(), db_timeouts(settings)) if owns_engine else None,
     )
 
 

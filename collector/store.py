@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime, timedelta
-from typing import Any, Final, Literal, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Literal, ParamSpec, TypeVar, cast
 
 from sqlalchemy import (
     Column,
@@ -58,6 +58,9 @@ from inferwatch.collector.schemas import (
 )
 from inferwatch.collector.values import nearest_rank as nearest_rank
 from inferwatch.core.schema import DECODE, E2E, GENERATION_TOKENS, PREFILL, PROMPT_TOKENS, QUEUE, TPOT, TTFT
+
+if TYPE_CHECKING:
+    import psycopg
 
 SortField = Literal[
     "start_time",
@@ -333,6 +336,13 @@ def _aware(t: datetime) -> datetime:
     return t if t.tzinfo else t.replace(tzinfo=UTC)
 
 
+def _pg_cursor(conn: Connection, *, binary: bool = False) -> psycopg.Cursor[Any]:
+    """The driver's own cursor of a PostgreSQL connection (its statements prepared on request: ``prepare=True``
+    prepares at the first execution, kept by the connection until a rollback)."""
+    raw = conn.connection.dbapi_connection
+    return cast("psycopg.Connection[Any]", raw).cursor(binary=binary)
+
+
 MINUTE: Final = timedelta(minutes=1)
 HOUR: Final = timedelta(hours=1)
 DAY: Final = timedelta(days=1)
@@ -389,9 +399,9 @@ def _state(conn: Connection, start: datetime) -> _State:
     t = REQUEST_TABLE
     s = ROLLUP_STATE_TABLE
     if conn.dialect.name == "postgresql":  # the driver's own cursor: SQLAlchemy's statement costs more (0.7 ms)
-        cur = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+        cur = _pg_cursor(conn)
         try:
-            cur.execute(_PG_STATE, {"name": rollup.STATE_NAME, "start": start})
+            cur.execute(_PG_STATE, {"name": rollup.STATE_NAME, "start": start}, prepare=True)
             got = cur.fetchone()
         finally:
             cur.close()
@@ -485,9 +495,9 @@ def _rollup_aggs(
                 f"SELECT {', '.join(names)} FROM {r.name} WHERE period_seconds = %(p{k})s "
                 f"AND period_start >= %(a{k})s{until}{fsql}"
             )
-        cur = conn.connection.dbapi_connection.cursor(binary=True)  # type: ignore[union-attr]
+        cur = _pg_cursor(conn, binary=True)
         try:
-            cur.execute(" UNION ALL ".join(parts), params)
+            cur.execute(" UNION ALL ".join(parts), params, prepare=True)
             rollup_rows = list(cur.fetchall())
         finally:
             cur.close()
@@ -916,9 +926,9 @@ def _pg_blocks_and_edges(
     if blocks:
         params["last_ten"] = None if r1 is None else r1 - rollup.TEN
         parts.insert(0, _PG_BLOCKS)
-    cur = conn.connection.dbapi_connection.cursor(binary=True)  # type: ignore[union-attr]
+    cur = _pg_cursor(conn, binary=True)
     try:
-        cur.execute(" UNION ALL ".join(parts), params)
+        cur.execute(" UNION ALL ".join(parts), params, prepare=True)
         return list(cur.fetchall())
     finally:
         cur.close()
@@ -1152,8 +1162,8 @@ def compute_stats(
     entries: list[dict[str, Any]] = []
     chosen: Plan
     with engine.connect() as conn:
-        if postgres:  # one snapshot: the rollups, their watermark and the table agree
-            conn = conn.execution_options(isolation_level="REPEATABLE READ")
+        if postgres and conn.default_isolation_level != db.STATS_ISOLATION:  # not a stats engine's connection
+            conn = conn.execution_options(isolation_level=db.STATS_ISOLATION)  # one snapshot
         else:
             conn.exec_driver_sql("BEGIN")  # SQLite: one read transaction, one snapshot
         try:

@@ -279,6 +279,19 @@ def test_store_real_bodies_on_each_backend(backend: str, tmp_path: Path) -> None
         ttfts = [s["attributes"]["gen_ai.latency.time_to_first_token"] for s in real_spans()]
         assert entry[R.TTFT]["p99"] == nearest_rank(ttfts, 0.99)
         assert c.get("/readyz").status_code == 200
+        collector = c.app.state.collector  # type: ignore[attr-defined]
+        if backend == "sqlite":
+            assert collector.stats_reader is collector.engine
+            return
+        # PostgreSQL: the stats reads' own pool, whose statements stay prepared through the other reads' rollbacks
+        assert collector.stats_reader is not collector.engine
+        assert c.get("/api/v1/requests", params={"limit": 5}).status_code == 200
+        again = c.get("/api/v1/stats", params={"window": "3650d"}).json()["data"][0]
+        assert again == entry
+        with collector.stats_reader.connect() as conn:  # newest first: the connection the stats read used
+            assert conn.default_isolation_level == "REPEATABLE READ"
+            prepared = conn.exec_driver_sql("SELECT statement FROM pg_prepared_statements").scalars().all()
+        assert any("rollup_state" in s for s in prepared), prepared
 
 
 def test_db_upgrade_command(tmp_path: Path) -> None:

@@ -165,6 +165,60 @@ def totals(engine: Engine) -> tuple[int, int]:
     return int(minutes or 0), int(hours or 0)
 
 
+@pytest.mark.parametrize("seed", range(12))
+def test_gathered_nearest_ranks_are_the_brute_force_ones(seed: int) -> None:
+    """values.Gather without a database: blocks of several series (one sorted run per series and field, joined
+    within a group), raw rows in no order, slots of one run and of many, few runs (copied slice by slice) and
+    many (taken at once), values repeated, missing, left out by a filter: every count and nearest rank is
+    that of the values sorted one by one."""
+    rng = random.Random(seed)
+    fields = 3
+    series = [(f"e{i % 2}", f"m{i % 3}", f"i{i}") for i in range(rng.choice((1, 3, 7)))]
+    group_by = rng.choice((None, 0, 1, 2))
+    left_out = rng.choice((None, "e1"))
+
+    def group_of(k: values.SeriesKey) -> Any:
+        if k[0] == left_out:
+            return values.LEFT_OUT
+        return None if group_by is None else k[group_by]
+
+    want: dict[Any, list[list[float]]] = {}
+    gather = values.Gather(fields, group_of)
+    kinds = ("blocks", "raw", "both")[seed % 3]
+    for _ in range(0 if kinds == "raw" else rng.choice((1, 2, 40 if seed % 2 else 400))):
+        block = values.Block(fields)
+        for _ in range(rng.randrange(1, 30)):
+            k = rng.choice(series)
+            vals = [
+                None if rng.random() < 0.1 else float(rng.choice((1, 2, 2, 3)) * rng.random()) for _ in range(fields)
+            ]
+            block.add(k, 0, None, None, vals)
+            if k[0] != left_out:
+                slot = want.setdefault(None if group_by is None else k[group_by], [[] for _ in range(fields)])
+                for lst, v in zip(slot, vals, strict=True):
+                    if v is not None:
+                        lst.append(v)
+        gather.add_block(*block.encode())
+    for _ in range(0 if kinds == "blocks" else rng.randrange(1, 50)):
+        k = rng.choice(series)
+        if k[0] == left_out:
+            continue
+        key = None if group_by is None else k[group_by]
+        vals = [None if rng.random() < 0.1 else rng.random() for _ in range(fields)]
+        gather.add_row(key, 0, None, None, vals)
+        slot = want.setdefault(key, [[] for _ in range(fields)])
+        for lst, v in zip(slot, vals, strict=True):
+            if v is not None:
+                lst.append(v)
+    got = dict(zip(gather.keys, gather.ranked(store.PERCENTILES), strict=True))
+    assert got.keys() == want.keys()
+    for key, per_field in want.items():
+        for (n, ps), vs in zip(got[key], per_field, strict=True):
+            vs.sort()
+            assert n == len(vs)
+            assert ps == ([vs[values.nearest_rank(len(vs), q)] for q in store.PERCENTILES] if vs else None)
+
+
 def test_the_rollups_fold_each_row_once_whatever_races(engine: Engine) -> None:
     rows = make_rows(3000)
     db.insert_records(engine, rows[:2000])

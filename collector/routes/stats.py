@@ -8,7 +8,7 @@ from fastapi import APIRouter, Depends, HTTPException, Query
 
 from inferwatch.collector import store
 from inferwatch.collector.config import parse_duration
-from inferwatch.collector.deps import READ_RESPONSES, CollectorDep, EngineDep, require_read
+from inferwatch.collector.deps import READ_RESPONSES, CollectorDep, StatsEngineDep, require_read
 from inferwatch.collector.routes.requests import DB_RESPONSES, parse_time, query
 from inferwatch.collector.schemas import ErrorBody, GroupBy, Stats
 from inferwatch.collector.store import StatsMode
@@ -28,7 +28,7 @@ Slo = Annotated[float | None, Query(gt=0, allow_inf_nan=False, description="seco
 )
 async def stats(
     collector: CollectorDep,
-    engine: EngineDep,
+    engine: StatsEngineDep,
     window: Annotated[
         str, Query(description="e.g. 1h, 30m, 7d: the requests that finished in it, counted back from `until` or now")
     ] = "1h",

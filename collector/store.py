@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import contextvars
 import functools
 import json
@@ -905,33 +906,67 @@ def _pg_blocks_and_edges(
     vals, None...), and the window's rows outside those whole minutes or above the watermark as (None, None,
     None, group, failed, prompt tokens, generation tokens, *latencies). Written out, not built: building the
     SQLAlchemy statement of the rows took 0.9 ms, running it 0.3; a second statement cost a round trip and its
-    planning (0.5 ms)."""
+    planning (0.5 ms). Prepared, with a generic plan (:func:`_generic_plan`): its custom planning took 0.17 ms
+    of a 0.78 ms run."""
     t = REQUEST_TABLE.name
     g = "NULL::text" if group_by == "none" else group_by
     cols = [g, rollup.FAILED_FLAG_PG, PROMPT_TOKENS, GENERATION_TOKENS, *STAT_FIELDS]
-    params: dict[str, Any] = {"start": w.start, "end": w.end, "folded": folded, "r0": r0, "r1": r1}
-    where = ["end_time >= %(start)s"]
-    if w.end is not None:
-        where.append("end_time < %(end)s")
+    params: dict[str, Any] = {"start": w.start, "end": w.end, "folded": folded, "newest": w.newest, "r0": r0, "r1": r1}
+    where = []
     for k, (name, value) in enumerate(filters.items()):
         where.append(f"{name} = %(f{k})s")
         params[f"f{k}"] = value
+    head = f"SELECT NULL::text, NULL::bytea, NULL::bytea, {', '.join(cols)} FROM {t} WHERE " + "".join(
+        f"{c} AND " for c in where
+    )
     # three ranges of an index each (one condition with OR made the server visit every row of the window):
-    # before the whole minutes, after them, and above the watermark within them
-    head = f"SELECT NULL::text, NULL::bytea, NULL::bytea, {', '.join(cols)} FROM {t} WHERE {' AND '.join(where)} AND "
-    parts = [head + "end_time < %(r0)s"]
+    # before the whole minutes, after them, and above the watermark within them. That last one by its ids
+    # alone: with both the id and the end-time ranges open to it, a generic plan walked the end times of the
+    # whole window (5,900 rows for none)
+    parts = [
+        head + "end_time >= %(start)s AND end_time < %(r0)s" + ("" if w.end is None else " AND end_time < %(end)s")
+    ]
     if r1 is not None:
-        parts.append(head + "end_time >= %(r1)s")
-    parts.append(head + "id > %(folded)s AND end_time >= %(r0)s" + ("" if r1 is None else " AND end_time < %(r1)s"))
+        parts.append(head + "end_time >= %(r1)s AND end_time < %(end)s")
+    parts.append(
+        head + "id > %(folded)s AND id <= %(newest)s AND (end_time >= %(r0)s) IS TRUE"
+        + ("" if r1 is None else " AND (end_time < %(r1)s) IS TRUE")
+    )  # fmt: skip
     if blocks:
         params["last_ten"] = None if r1 is None else r1 - rollup.TEN
         parts.insert(0, _PG_BLOCKS)
     cur = _pg_cursor(conn, binary=True)
     try:
-        cur.execute(" UNION ALL ".join(parts), params, prepare=True)
+        _generic_plan(conn, cur, " UNION ALL ".join(parts), params)
         return list(cur.fetchall())
     finally:
         cur.close()
+
+
+GENERIC_PLANS_FROM: Final = 120000
+"""The PostgreSQL version (``server_version_num``) from which ``plan_cache_mode`` exists."""
+
+
+def _generic_plan(conn: Connection, cur: psycopg.Cursor[Any], sql: str, params: dict[str, Any]) -> None:
+    """Run ``sql`` on ``cur`` prepared, planned once for any parameters. PostgreSQL plans a prepared statement
+    for its parameters at each of its first five runs, then keeps a generic plan only when its estimate is no
+    worse; with the time ranges unknown a generic estimate always is, so the statistics statements were
+    planned at every request. ``plan_cache_mode`` is forced to generic for this statement alone (``SET LOCAL``
+    before it, back to the default after it, in one pipeline: one round trip)."""
+    import psycopg
+
+    raw = cast("psycopg.Connection[Any]", conn.connection.dbapi_connection)
+    if raw.info.server_version < GENERIC_PLANS_FROM:
+        cur.execute(sql, params, prepare=True)
+        return
+    setter = raw.cursor()
+    try:
+        with raw.pipeline() if psycopg.Pipeline.is_supported() else contextlib.nullcontext():
+            setter.execute("SET LOCAL plan_cache_mode = force_generic_plan", prepare=False)
+            cur.execute(sql, params, prepare=True)
+            setter.execute("SET LOCAL plan_cache_mode TO DEFAULT", prepare=False)
+    finally:
+        setter.close()
 
 
 def _gathered(gather: values.Gather) -> list[dict[str, Any]]:
@@ -947,10 +982,8 @@ def _gathered(gather: values.Gather) -> list[dict[str, Any]]:
         entry: dict[str, Any] = {"key": key, "requests": requests, "failed": failed_n,
                                  "good": 0, "prompt_tokens": pt if ptn else None,
                                  "generation_tokens": gt if gtn else None}  # fmt: skip
-        for f, (n, ps) in zip(STAT_FIELDS, per_field, strict=True):
-            entry[f] = FieldStats.model_validate(
-                {"count": n, "exact": True, "relative_error": 0.0, **dict(zip(names, ps or blank, strict=True))}
-            )
+        for f, (n, ps) in zip(STAT_FIELDS, per_field, strict=True):  # validated with the group (1.8 us less)
+            entry[f] = {"count": n, "exact": True, "relative_error": 0.0, **dict(zip(names, ps or blank, strict=True))}
         entries.append(entry)
     return entries
 
@@ -1078,6 +1111,8 @@ def _walk(
         rows = list(conn.execute(q).mappings())
     out = []
     for m in rows:
+        if not m["requests"]:  # no grouping: the aggregate's one row of an empty window
+            continue
         key = m[group_col.name] if group_col is not None else None
         cond = base if group_col is None else and_(base, group_col == key)
         entry: dict[str, Any] = {

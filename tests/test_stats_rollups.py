@@ -401,7 +401,13 @@ def test_every_plan_is_exact_on_every_window(engine: Engine, group_by: str) -> N
         (NOW - timedelta(days=10), None),
         (NOW - timedelta(hours=30, seconds=7), NOW - timedelta(hours=3, seconds=45)),
         (NOW - timedelta(minutes=50, seconds=1), NOW - timedelta(minutes=20, seconds=2)),
+        (NOW - timedelta(hours=5, seconds=70), NOW - timedelta(hours=5, seconds=25)),  # across a minute's start
     ]
+    minutes: dict[datetime, list[RequestRecord]] = {}
+    for r in sorted(rows, key=lambda r: r.end_time):
+        minutes.setdefault(r.end_time.replace(second=0, microsecond=0), []).append(r)
+    a, b = next(rs[:2] for _, rs in sorted(minutes.items()) if len(rs) > 1 and rs[1].end_time > rs[0].end_time)
+    windows.append((a.end_time, a.end_time + (b.end_time - a.end_time) / 2))  # within a minute: a, not b
     for since, until in windows:
         expected = brute(rows, since, until, group_by)
         for plan in ("values", "raw", "scan", "index", "walk", None):

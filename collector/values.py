@@ -21,6 +21,7 @@ import functools
 import json
 import math
 import sys
+import time
 from array import array
 from collections.abc import Sequence
 from typing import Any, Final
@@ -139,10 +140,41 @@ def arrays(counts_b: bytes, vals_b: bytes) -> tuple[array[int], array[float]]:
     return counts, vals
 
 
-SORT_UP_TO: Final = 400
-""":meth:`Gather.ranked` sorts a slot of up to this many values, partitions a larger one at its ranks (measured
-on runs of sorted values: 200 values sorted in 0.8 us, partitioned in 2.1; 800 in 9.2 and 6.1; 5,400 in 120
-and 20)."""
+SORT_SIZES: Final = (400, 800, 1600, 3200, 6400)
+"""The slot sizes :func:`sort_up_to` tries."""
+
+
+@functools.cache
+def sort_up_to() -> int:
+    """The largest slot :meth:`Gather.ranked` sorts; a larger one is partitioned at its ranks (linear). Measured
+    once per process, on runs of sorted values: which wins depends on the CPU. numpy's sort is vectorized where
+    the CPU has AVX-512 (seen: 700 values sorted in 1.9 us, partitioned at four ranks in 3.1; 3,000 in 8.7 and
+    8.5; 12,000 in 45 and 31); without, 800 values sorted took 9.2 us and partitioned 6.1, 5,400 120 and 20.
+    Either way the ranks are exact: this only chooses the faster."""
+    rng = np.random.default_rng(0)
+    best = SORT_SIZES[0]
+    for n in SORT_SIZES:
+        runs = np.concatenate([np.sort(rng.random(n // 16)) for _ in range(16)])
+        kth = nearest_ranks(np.array([len(runs)], dtype=np.int64), (0.5, 0.9, 0.95, 0.99))[0]
+        buf = runs.copy()
+        took = {}
+        for how in ("sort", "partition"):
+            times = []
+            for _ in range(5):
+                buf[:] = runs
+                t = time.perf_counter()
+                if how == "sort":
+                    buf.sort()
+                else:
+                    buf.partition(kth)
+                times.append(time.perf_counter() - t)
+            took[how] = min(times)
+        if took["sort"] > took["partition"]:
+            break
+        best = n
+    return best
+
+
 SLICE_RUNS: Final = 256
 """:meth:`Gather.ranked` copies up to this many runs slice by slice, more by one ``take`` (22k values: 4 runs
 in 20 us, 2,000 runs in 100 us)."""
@@ -240,17 +272,40 @@ class Gather:
                 self._raw_vals.append(x)
                 self._raw_val_labels.append(base + j)
 
+    def add_rows(
+        self,
+        keys: Sequence[GroupKey],
+        failed: Sequence[int],
+        pts: Sequence[int | None],
+        gts: Sequence[int | None],
+        columns: Sequence[Sequence[float | None]],
+    ) -> None:
+        """Raw request rows by column (as :meth:`add_row` one by one, in half the time): their groups, failed
+        flags, token counts and one sequence of values per field."""
+        group = self.group
+        labels = [group(k) for k in keys]
+        self._raw_labels.extend(labels)
+        self._raw_totals.extend(
+            (1, f, pt or 0, pt is not None, gt or 0, gt is not None) for f, pt, gt in zip(failed, pts, gts, strict=True)
+        )
+        nf = self.fields
+        for j, col in enumerate(columns):
+            for g, x in zip(labels, col, strict=True):
+                if x is not None:
+                    self._raw_vals.append(x)
+                    self._raw_val_labels.append(g * nf + j)
+
     def totals(self) -> npt.NDArray[np.int64]:
         """Per group (rows, in :attr:`keys` order), the :data:`TOTALS`."""
-        out = np.zeros((len(self.keys), NT), dtype=np.int64)
-        if self._labels:
-            labels = np.concatenate(self._labels)
-            counts = np.concatenate(self._counts, axis=1)
-            keep = labels >= 0
-            np.add.at(out, labels[keep], counts[:, keep].T)
-        if self._raw_labels:
-            np.add.at(out, np.array(self._raw_labels, dtype=np.intp), np.array(self._raw_totals, dtype=np.int64))
-        return out
+        groups = len(self.keys)
+        labels = np.concatenate([*self._labels, np.array(self._raw_labels, dtype=np.intp)])
+        counts = np.concatenate([*self._counts, np.array(self._raw_totals, dtype=np.int64).reshape(-1, NT).T], axis=1)
+        keep = labels >= 0
+        labels, counts = labels[keep], counts[:, keep]
+        # one bincount per total (np.add.at took 5x longer); summed as float64, exact below 2**53
+        return np.array(
+            [np.bincount(labels, weights=counts[t], minlength=groups) for t in range(NT)], dtype=np.int64
+        ).T.reshape(groups, NT)
 
     def ranked(self, quantiles: Sequence[float]) -> list[list[tuple[int, list[float] | None]]]:
         """Per group (in :attr:`keys` order) and field: the number of values and their nearest-rank
@@ -258,7 +313,7 @@ class Gather:
         a slot joined (a block's series of one group; the raw rows' values of a slot, put together first), each
         slot's values taken together, every slot's ranks computed at once (:func:`nearest_ranks`) and picked at
         once; in between, each slot of more than one run is sorted in place, or partitioned at its ranks beyond
-        :data:`SORT_UP_TO`."""
+        :func:`sort_up_to`."""
         slots = len(self.keys) * self.fields
         raw_slot = np.array(self._raw_val_labels, dtype=np.intp)
         raw_v = np.array(self._raw_vals, dtype=np.float64)
@@ -291,12 +346,13 @@ class Gather:
         ends = np.cumsum(sizes)
         starts = ends - sizes
         ranks = nearest_ranks(sizes, quantiles)
+        limit = sort_up_to()
         # v is this call's own array (taken): each slot of several runs sorted (or, when large, partitioned at
         # its ranks: linear) in place; a slot of one run is sorted already
         for a, b, kth, n_runs in zip(starts.tolist(), ends.tolist(), ranks.tolist(), runs, strict=True):
             if n_runs < 2:
                 continue
-            if b - a > SORT_UP_TO:
+            if b - a > limit:
                 v[a:b].partition(kth)
             else:
                 v[a:b].sort()

@@ -288,10 +288,15 @@ def test_store_real_bodies_on_each_backend(backend: str, tmp_path: Path) -> None
         assert c.get("/api/v1/requests", params={"limit": 5}).status_code == 200
         again = c.get("/api/v1/stats", params={"window": "3650d"}).json()["data"][0]
         assert again == entry
-        with collector.stats_reader.connect() as conn:  # newest first: the connection the stats read used
+        for _ in range(6):  # psycopg would prepare a statement run 5 times: on the stats engine only ours are
+            c.get("/api/v1/stats", params={"window": "1h", "group_by": "model"})
+        with collector.stats_reader.connect() as conn:  # newest first: the connection the stats reads used
             assert conn.default_isolation_level == "REPEATABLE READ"
-            prepared = conn.exec_driver_sql("SELECT statement FROM pg_prepared_statements").scalars().all()
-        assert any("rollup_state" in s for s in prepared), prepared
+            prepared = conn.exec_driver_sql(
+                "SELECT statement, generic_plans, custom_plans FROM pg_prepared_statements"
+            ).all()
+        assert {("rollup_state" in s, "request_values" in s) for s, _, _ in prepared} == {(True, False), (False, True)}
+        assert all(generic > 0 and custom == 0 for _, generic, custom in prepared), prepared  # planned once
 
 
 def test_db_upgrade_command(tmp_path: Path) -> None:

@@ -166,13 +166,15 @@ def totals(engine: Engine) -> tuple[int, int]:
 
 
 @pytest.mark.parametrize("seed", range(12))
-def test_gathered_nearest_ranks_are_the_brute_force_ones(seed: int) -> None:
+def test_gathered_nearest_ranks_are_the_brute_force_ones(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """values.Gather without a database: blocks of several series (one sorted run per series and field, joined
     within a group), raw rows in no order, slots of one run and of many, few runs (copied slice by slice) and
     many (taken at once), values repeated, missing, left out by a filter: every count and nearest rank is
     that of the values sorted one by one."""
     rng = random.Random(seed)
     fields = 3
+    if seed % 4 == 0:  # every slot of more than 10 values partitioned at its ranks, not sorted
+        monkeypatch.setattr(values, "sort_up_to", lambda: 10)
     series = [(f"e{i % 2}", f"m{i % 3}", f"i{i}") for i in range(rng.choice((1, 3, 7)))]
     group_by = rng.choice((None, 0, 1, 2))
     left_out = rng.choice((None, "e1"))
@@ -183,6 +185,7 @@ def test_gathered_nearest_ranks_are_the_brute_force_ones(seed: int) -> None:
         return None if group_by is None else k[group_by]
 
     want: dict[Any, list[list[float]]] = {}
+    tokens: dict[Any, int] = {}
     gather = values.Gather(fields, group_of)
     kinds = ("blocks", "raw", "both")[seed % 3]
     for _ in range(0 if kinds == "raw" else rng.choice((1, 2, 40 if seed % 2 else 400))):
@@ -192,9 +195,12 @@ def test_gathered_nearest_ranks_are_the_brute_force_ones(seed: int) -> None:
             vals = [
                 None if rng.random() < 0.1 else float(rng.choice((1, 2, 2, 3)) * rng.random()) for _ in range(fields)
             ]
-            block.add(k, 0, None, None, vals)
+            pt = rng.choice((None, rng.randrange(1, 4000)))
+            block.add(k, 0, pt, None, vals)
             if k[0] != left_out:
-                slot = want.setdefault(None if group_by is None else k[group_by], [[] for _ in range(fields)])
+                key = None if group_by is None else k[group_by]
+                tokens[key] = tokens.get(key, 0) + (pt or 0)
+                slot = want.setdefault(key, [[] for _ in range(fields)])
                 for lst, v in zip(slot, vals, strict=True):
                     if v is not None:
                         lst.append(v)
@@ -205,13 +211,18 @@ def test_gathered_nearest_ranks_are_the_brute_force_ones(seed: int) -> None:
             continue
         key = None if group_by is None else k[group_by]
         vals = [None if rng.random() < 0.1 else rng.random() for _ in range(fields)]
-        gather.add_row(key, 0, None, None, vals)
+        if seed % 2:  # one by one, or by column (as the store reads them)
+            gather.add_row(key, 0, 7, None, vals)
+        else:
+            gather.add_rows([key], [0], [7], [None], [[v] for v in vals])
+        tokens[key] = tokens.get(key, 0) + 7
         slot = want.setdefault(key, [[] for _ in range(fields)])
         for lst, v in zip(slot, vals, strict=True):
             if v is not None:
                 lst.append(v)
     got = dict(zip(gather.keys, gather.ranked(store.PERCENTILES), strict=True))
     assert got.keys() == want.keys()
+    assert {k: t[2] for k, t in zip(gather.keys, gather.totals().tolist(), strict=True)} == tokens
     for key, per_field in want.items():
         for (n, ps), vs in zip(got[key], per_field, strict=True):
             vs.sort()

@@ -37,6 +37,7 @@ import sqlite3
 import statistics
 import sys
 import tempfile
+import textwrap
 import threading
 import time
 import uuid
@@ -450,7 +451,7 @@ def run_size(
             f"{roll_s:.1f} s ({folded / roll_s:,.0f} rows/s); analysed in {analyse_s:.1f} s; "
             f"{per_row:.0f} bytes/row (table + indexes) + {roll_per_row:.1f} bytes/row of rollups"
         )
-        print(report[-1], flush=True)
+        say(report[-1])
         base_fn = baseline_pg if backend == "postgresql" else baseline_sqlite
         # ours reads as the collector's /api/v1/stats does: PostgreSQL through the stats reads' own engine
         reader = db.make_stats_engine(engine.url, db.DbTimeouts(statement=3600)) or engine
@@ -483,19 +484,24 @@ def run_size(
     return cases
 
 
+def say(line: str) -> None:
+    """A line of the report, wrapped to 80 columns."""
+    print(textwrap.fill(line, 80, subsequent_indent="  "), flush=True)
+
+
 def format_case(c: Case) -> str:
-    base = f"{c.base_s:8.3f}" if c.base_s is not None else "       -"
-    ratio = f"{c.ratio:6.2f}" if c.ratio is not None else "     -"
+    base = f"{c.base_s * 1e3:8.1f}" if c.base_s is not None else "       -"
+    ratio = f"{c.ratio:5.2f}" if c.ratio is not None else "    -"
     same = {None: "-", True: "yes", False: "NO"}[c.identical]
     return (
-        f"{c.backend:10} {c.rows:>11,} {c.window:>4} {c.group_by:9} {c.groups:>3} {c.plan:7} {c.ours_s:8.3f} {base} "
-        f"{ratio} {same:>5}"
+        f"{c.backend:10} {c.rows:>11,} {c.window:>4} {c.group_by:9} {c.groups:>3} {c.plan:7} "
+        f"{c.ours_s * 1e3:8.1f} {base} {ratio} {same:>5}"
     )
 
 
 HEADER = (
-    f"{'backend':10} {'rows':>11} {'win':>4} {'group_by':9} {'grp':>3} {'plan':7} {'ours s':>8} {'base s':>8} "
-    f"{'ratio':>6} {'same':>5}"
+    f"{'backend':10} {'rows':>11} {'win':>4} {'group_by':9} {'grp':>3} {'plan':7} {'ours ms':>8} {'base ms':>8} "
+    f"{'ratio':>5} {'same':>5}"
 )
 
 
@@ -574,7 +580,7 @@ def partitioning(engine: Engine, now: datetime, n_total: int, report: list[str],
         f"concurrent single-row inserts: median {statistics.median(during) * 1000:.1f} ms, max "
         f"{max(during) * 1000:.0f} ms (idle: max {max(baseline_waits or [0]) * 1000:.1f} ms)"
     )
-    print(report[-1], flush=True)
+    say(report[-1])
     # the same day as a partition: a copy of one day into a list-partitioned twin, then DROP TABLE on it
     with engine.begin() as conn:
         conn.execute(
@@ -615,7 +621,7 @@ def partitioning(engine: Engine, now: datetime, n_total: int, report: list[str],
         f"dropping a daily partition ({n_part:,} rows): {drop_s * 1000:.0f} ms "
         f"(concurrent inserts into the main table: max {max(waits) * 1000:.0f} ms)"
     )
-    print(report[-1], flush=True)
+    say(report[-1])
 
 
 def main() -> int:
@@ -653,7 +659,7 @@ def main() -> int:
     for c in cases:
         print(format_case(c))
     for line in report:
-        print(line)
+        say(line)
     ratios = [c.ratio for c in cases if c.ratio is not None and c.plan != "sketch"]
     if ratios:
         print(f"ratio: best {min(ratios):.3f}, median {statistics.median(ratios):.3f}, worst {max(ratios):.3f}")

@@ -1196,8 +1196,9 @@ def compute_stats(
     entries: list[dict[str, Any]] = []
     chosen: Plan
     with engine.connect() as conn:
-        if postgres and conn.default_isolation_level != db.STATS_ISOLATION:  # not a stats engine's connection
-            conn = conn.execution_options(isolation_level=db.STATS_ISOLATION)  # one snapshot
+        if postgres:  # one snapshot: a stats engine's connections begin at that isolation already
+            if conn.default_isolation_level != db.STATS_ISOLATION:
+                conn = conn.execution_options(isolation_level=db.STATS_ISOLATION)
         else:
             conn.exec_driver_sql("BEGIN")  # SQLite: one read transaction, one snapshot
         try:

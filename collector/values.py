@@ -261,17 +261,6 @@ class Gather:
         self._run_slots.append(run_slots)
         self._run_lens.append(counts[NT:].ravel())
 
-    def add_row(self, key: GroupKey, failed: int, pt: int | None, gt: int | None, vals: Sequence[float | None]) -> None:
-        """One raw request row of group ``key``."""
-        g = self.group(key)
-        self._raw_labels.append(g)
-        self._raw_totals.append((1, failed, pt or 0, pt is not None, gt or 0, gt is not None))
-        base = g * self.fields
-        for j, x in enumerate(vals):
-            if x is not None:
-                self._raw_vals.append(x)
-                self._raw_val_labels.append(base + j)
-
     def add_rows(
         self,
         keys: Sequence[GroupKey],
@@ -280,8 +269,8 @@ class Gather:
         gts: Sequence[int | None],
         columns: Sequence[Sequence[float | None]],
     ) -> None:
-        """Raw request rows by column (as :meth:`add_row` one by one, in half the time): their groups, failed
-        flags, token counts and one sequence of values per field."""
+        """Raw request rows by column (half the time of adding them row by row): their groups, failed flags,
+        token counts and one sequence of values per field."""
         group = self.group
         labels = [group(k) for k in keys]
         self._raw_labels.extend(labels)

@@ -211,10 +211,7 @@ def test_gathered_nearest_ranks_are_the_brute_force_ones(seed: int, monkeypatch:
             continue
         key = None if group_by is None else k[group_by]
         vals = [None if rng.random() < 0.1 else rng.random() for _ in range(fields)]
-        if seed % 2:  # one by one, or by column (as the store reads them)
-            gather.add_row(key, 0, 7, None, vals)
-        else:
-            gather.add_rows([key], [0], [7], [None], [[v] for v in vals])
+        gather.add_rows([key], [0], [7], [None], [[v] for v in vals])
         tokens[key] = tokens.get(key, 0) + 7
         slot = want.setdefault(key, [[] for _ in range(fields)])
         for lst, v in zip(slot, vals, strict=True):

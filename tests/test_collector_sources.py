@@ -626,6 +626,32 @@ def test_text_postgres_cannot_hold_is_made_storable() -> None:
     clean = {**vllm_attrs(), "ok": [1.5, "y"]}
     (plain,) = map_export(export(("vllm.tracing.otel", {}, [make_span("llm_request", clean)]))).records
     assert plain.attributes == {"ok": [1.5, "y"]}
+    # flat attributes (the fast path): a NUL in a value or a key, a non-finite number, each made storable
+    cases: list[tuple[dict[str, Any], dict[str, Any]]] = [
+        ({"v": "a\x00"}, {"v": "a\ufffd"}),
+        ({"k\x00": 1}, {"k\ufffd": 1}),
+        ({"f": float("inf"), "b": True, "n": 3}, {"f": "Infinity", "b": True, "n": 3}),
+    ]
+    for flat, stored in cases:
+        span = make_span("llm_request", {**vllm_attrs(), **flat})
+        (rec,) = map_export(export(("vllm.tracing.otel", {}, [span]))).records
+        assert rec.attributes == stored
+
+
+def test_timestamps_are_exact_microseconds() -> None:
+    """The float path of :func:`timestamp` gives what integer arithmetic gives (the microseconds of the
+    nanoseconds, truncated) at random times and on both sides of microsecond and second boundaries, from
+    1970 up to where it hands over to the integer arithmetic, and past that."""
+    import random
+
+    rng = random.Random(7)
+    limit = 2**32 * 10**9
+    times = [rng.randrange(limit) for _ in range(200_000)]
+    for base in (0, 946_684_800 * 10**9, T0, limit - 10**6, limit):
+        times += [base + d for d in (*range(0, 3_000, 7), 999, 1_000, 1_001, 10**9 - 1, 10**9, 10**9 + 1)]
+    times += [limit * 2 + 123_456_789, 253_402_300_799 * 10**9 + 999_999_999]  # 2242, the last second of 9999
+    for ns in times:
+        assert timestamp(ns) == EPOCH + timedelta(microseconds=ns // 1000), ns
 
 
 # -- identity: the model and service of spans that do not name them ---------------------------------------

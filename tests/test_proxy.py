@@ -31,7 +31,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from text_generation import Client as TgiClient
 
-from inferwatch.cli.proxy import loop_factory
+from inferwatch.cli.common import loop_factory
 from inferwatch.collector.record import RequestRecord
 from inferwatch.collector.sources import map_export
 from inferwatch.core import vocabulary as V

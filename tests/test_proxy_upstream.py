@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 import pytest
 from multidict import CIMultiDict
 
-from inferwatch.cli.proxy import loop_factory
+from inferwatch.cli.common import loop_factory
 from inferwatch.proxy import upstream
 from inferwatch.proxy.server import Proxy, ProxySettings
 from inferwatch.proxy.upstream import Body, Head, Pool, UpstreamError, UpstreamTimeout, parse_head

@@ -89,9 +89,21 @@ def span_id(raw: bytes) -> str | None:
     return hex_id(raw, SPAN_ID_BYTES)
 
 
+_EXACT_FLOAT_NS: Final = 2**32 * 10**9
+"""Below this (the year 2106) a microsecond count divided by 10**6 is within a quarter of a microsecond of
+the exact time, so :meth:`datetime.fromtimestamp` (which rounds to the nearest microsecond) gives it exactly."""
+
+
 def timestamp(time_unix_nano: int) -> datetime:
-    """``time_unix_nano`` → aware UTC datetime (microsecond precision, exact integer arithmetic)."""
+    """``time_unix_nano`` → aware UTC datetime (microsecond precision, exact: the microseconds of the
+    nanoseconds, truncated). Before 2106 through the float of the microseconds (exact there, a third of the
+    time of the integer arithmetic, tested against it); after, by that arithmetic."""
+    if time_unix_nano < _EXACT_FLOAT_NS:
+        return _fromtimestamp(time_unix_nano // 1000 / 1e6, UTC)
     return EPOCH + timedelta(microseconds=time_unix_nano // 1000)
+
+
+_fromtimestamp: Final = datetime.fromtimestamp
 
 
 @dataclass(frozen=True)
@@ -424,6 +436,20 @@ def validate(record: RequestRecord, now: datetime) -> None:
 
 
 def _needs_cleaning(value: Any) -> bool:
+    if type(value) is dict:  # the usual attributes: flat, without a call per value
+        for k, v in value.items():
+            t = type(v)
+            if t is str:
+                if NUL in v:
+                    return True
+            elif t is float:
+                if not math.isfinite(v):
+                    return True
+            elif not (t is int or t is bool or v is None) and _needs_cleaning(v):
+                return True
+            if NUL in k:
+                return True
+        return False
     if isinstance(value, str):
         return NUL in value
     if isinstance(value, float):

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import inspect
+from collections.abc import Callable
 from typing import Any
 
 import typer
@@ -78,3 +80,17 @@ def reflow_help(command: Any) -> Any:
     for sub in (getattr(command, "commands", None) or {}).values():
         reflow_help(sub)
     return command
+
+
+def loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """The event loop ``choice`` names (``auto``: uvloop when installed; None: asyncio's own). The proxy's
+    ``--loop``; the collector runs on ``auto`` (uvloop: less CPU per OTLP export, docs/collector.md)."""
+    if choice == "asyncio":
+        return None
+    try:
+        import uvloop
+    except ImportError:
+        if choice == "uvloop":
+            raise fail("--loop uvloop: uvloop is not installed (pip install uvloop, or --loop asyncio)") from None
+        return None
+    return uvloop.new_event_loop

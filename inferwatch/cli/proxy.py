@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from typing import Annotated, Literal
 
 import typer
 
-from inferwatch.cli.common import err, fail, setup_logging
+from inferwatch.cli.common import err, fail, loop_factory, setup_logging
 from inferwatch.core.config import ConfigError, SimEngine, parse_listen
 
 OtlpChoice = Literal["http/protobuf", "grpc"]
@@ -100,16 +99,3 @@ def proxy(
 
     with asyncio.Runner(loop_factory=loop_factory(loop)) as runner:
         runner.run(main())
-
-
-def loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
-    """The event loop ``--loop`` asks for (None: asyncio's own)."""
-    if choice == "asyncio":
-        return None
-    try:
-        import uvloop
-    except ImportError:
-        if choice == "uvloop":
-            raise fail("--loop uvloop: uvloop is not installed (pip install uvloop, or --loop asyncio)") from None
-        return None
-    return uvloop.new_event_loop

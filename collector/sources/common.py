@@ -99,11 +99,8 @@ def timestamp(time_unix_nano: int) -> datetime:
     nanoseconds, truncated). Before 2106 through the float of the microseconds (exact there, a third of the
     time of the integer arithmetic, tested against it); after, by that arithmetic."""
     if time_unix_nano < _EXACT_FLOAT_NS:
-        return _fromtimestamp(time_unix_nano // 1000 / 1e6, UTC)
+        return datetime.fromtimestamp(time_unix_nano // 1000 / 1e6, UTC)
     return EPOCH + timedelta(microseconds=time_unix_nano // 1000)
-
-
-_fromtimestamp: Final = datetime.fromtimestamp
 
 
 @dataclass(frozen=True)

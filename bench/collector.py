@@ -37,7 +37,7 @@ import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 import httpx
@@ -46,7 +46,7 @@ from sqlalchemy import make_url, text
 
 from inferwatch.collector import db
 from inferwatch.collector.models import REQUEST_TABLE
-from inferwatch.collector.rows import ROW_COLUMNS, Row, prepare, sqlite_time
+from inferwatch.collector.rows import ROW_COLUMNS, Row, prepare, sqlite_time, values
 from inferwatch.collector.sources import map_export
 from inferwatch.core import vocabulary as V
 from inferwatch.demo import free_ports
@@ -63,10 +63,16 @@ POLL_S = 0.1
 
 
 def prepared_rows(bodies: list[bytes], dialect: str) -> list[Row]:
-    """The driver rows of every span of the bodies, as the collector prepares them."""
+    """The values of every span of the bodies as the driver binds them: SQLite's rows as the collector prepares
+    them; on PostgreSQL the values that psycopg's ``write_row`` formats (the collector prepares their COPY
+    text itself, in its worker processes)."""
     rows: list[Row] = []
     for body in bodies:
-        rows += prepare(map_export(ExportTraceServiceRequest.FromString(body)).records, dialect)[0]
+        records = map_export(ExportTraceServiceRequest.FromString(body)).records
+        if dialect == "sqlite":
+            rows += cast("list[Row]", prepare(records, dialect)[0])
+        else:
+            rows += [values(r) for r in records]
     return rows
 
 

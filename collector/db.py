@@ -53,7 +53,7 @@ from sqlalchemy.pool import StaticPool
 
 from inferwatch.collector.models import REQUEST_TABLE
 from inferwatch.collector.record import RequestRecord
-from inferwatch.collector.rows import ROW_COLUMNS, Row, prepare, sqlite_time
+from inferwatch.collector.rows import COPY_COLUMNS, ROW_COLUMNS, DriverRow, Row, prepare, sqlite_time
 from inferwatch.collector.rows import refusal as refusal
 from inferwatch.core import resources
 
@@ -532,7 +532,7 @@ _PG_STAGING: Final = (
     f"CREATE TEMPORARY TABLE IF NOT EXISTS {_STAGING} ON COMMIT DELETE ROWS AS "
     f"SELECT {_COLUMNS_SQL} FROM {_TABLE} WITH NO DATA"
 )
-_PG_COPY: Final = f"COPY pg_temp.{_STAGING} ({_COLUMNS_SQL}) FROM STDIN"
+_PG_COPY: Final = f"COPY pg_temp.{_STAGING} ({', '.join(COPY_COLUMNS)}) FROM STDIN"
 _PG_INSERT: Final = (
     f"INSERT INTO {_TABLE} ({_COLUMNS_SQL}, received_at) SELECT {_COLUMNS_SQL}, %s FROM pg_temp.{_STAGING} "
     f"ON CONFLICT ({', '.join(_CONFLICT_COLUMNS)}) DO NOTHING"
@@ -581,9 +581,10 @@ def _sqlite_insert(conn: Connection, rows: Sequence[Row], received: datetime) ->
         cursor.close()
 
 
-def _postgres_insert(conn: Connection, rows: Sequence[Row], received: datetime) -> int:
-    """COPY the rows into the session's staging table, then ``INSERT … SELECT … ON CONFLICT DO NOTHING``
-    (psycopg 3's ``cursor.copy``; every round trip under the connection's client-side deadline)."""
+def _postgres_insert(conn: Connection, rows: Sequence[str], received: datetime) -> int:
+    """COPY the rows (lines of COPY's text format, :func:`inferwatch.collector.rows.prepare`) into the session's
+    staging table as one text, then ``INSERT … SELECT … ON CONFLICT DO NOTHING`` (psycopg 3's ``cursor.copy``,
+    which encodes the text in the connection's encoding; every round trip under its client-side deadline)."""
     cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
     statement = _PG_STAGING
     try:
@@ -592,9 +593,7 @@ def _postgres_insert(conn: Connection, rows: Sequence[Row], received: datetime) 
             conn.info[_STAGING_READY] = True
         statement = _PG_COPY
         with cursor.copy(_PG_COPY) as copy:
-            write = copy.write_row
-            for row in rows:
-                write(row)
+            copy.write("\n".join(rows) + "\n")
         statement = _PG_INSERT
         cursor.execute(_PG_INSERT, (received,))
         return int(cursor.rowcount)
@@ -607,27 +606,29 @@ def _postgres_insert(conn: Connection, rows: Sequence[Row], received: datetime) 
         cursor.close()
 
 
-def insert_rows(engine: Engine, rows: Sequence[Row]) -> tuple[int, int]:
+def insert_rows(engine: Engine, rows: Sequence[DriverRow]) -> tuple[int, int]:
     """Store prepared rows (:func:`inferwatch.collector.rows.prepare` for this engine's dialect), skipping those
     already stored (same trace and span id): (inserted, duplicates).
 
-    One transaction, through the driver's fast path: ``executemany`` of tuples on SQLite, ``COPY`` into a
-    temporary table and ``INSERT … SELECT … ON CONFLICT DO NOTHING`` on PostgreSQL. Duplicates inside the
-    batch count as duplicates too. Errors are SQLAlchemy's, as from ``conn.execute``.
+    One transaction, through the driver's fast path: ``executemany`` of tuples on SQLite, ``COPY`` of the
+    rows' text lines into a temporary table and ``INSERT … SELECT … ON CONFLICT DO NOTHING`` on PostgreSQL.
+    Duplicates inside the batch count as duplicates too. Errors are SQLAlchemy's, as from ``conn.execute``.
     """
     if not rows:
         return 0, 0
     dialect = engine.dialect.name
     received = datetime.now(UTC)
+    if isinstance(rows[0], str) != (dialect == "postgresql"):
+        raise TypeError(f"rows prepared for another database than {dialect} (inferwatch.collector.rows.prepare)")
     if dialect == "sqlite":
         with engine.begin() as conn:
-            inserted = _sqlite_insert(conn, rows, received)
+            inserted = _sqlite_insert(conn, cast("Sequence[Row]", rows), received)
     elif dialect == "postgresql" and engine.dialect.driver == "psycopg":
         info: dict[Any, Any] = {}
         try:
             with engine.begin() as conn:
                 info = conn.info
-                inserted = _postgres_insert(conn, rows, received)
+                inserted = _postgres_insert(conn, cast("Sequence[str]", rows), received)
         except BaseException:
             info.pop(_STAGING_READY, None)  # a rolled-back transaction took the staging table with it
             raise

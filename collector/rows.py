@@ -7,8 +7,13 @@ by both. The row forms:
 
 * SQLite: times as the text SQLAlchemy's ``DateTime`` stores on SQLite (``YYYY-MM-DD HH:MM:SS.ffffff``,
   UTC), the attributes as JSON text, booleans as the driver binds them (0/1);
-* PostgreSQL: times as aware UTC datetimes (psycopg's COPY writes them with their offset), the
-  attributes as JSON text (the ``jsonb`` column parses it).
+* PostgreSQL: the row's line of COPY's text format (:data:`COPY_COLUMNS`, tab-separated, ``\\N`` for
+  NULL, no newline), made here so that the collector's process sends the batch's text as it is instead of
+  formatting every value through the driver (psycopg's ``write_row``: 6.5-7 us a row in the process that
+  also receives and commits). The numbers and times of a row are written by one ``orjson.dumps`` (shortest
+  round-trip floats, RFC 3339 times) and the text columns joined as they are; a value that COPY would read
+  differently (a backslash, tab, newline or carriage return in text, a non-finite float, a time not in UTC)
+  sends its row down the field-by-field path (:func:`copy_line`), which escapes it.
 
 JSON is written with orjson (three times faster than the standard library's C encoder on these records,
 the largest cost of preparing one), falling back to the standard library for what orjson refuses or would
@@ -36,7 +41,10 @@ import orjson
 from inferwatch.collector.record import RequestRecord
 
 Row = tuple[Any, ...]
-"""One record as the driver inserts it, in :data:`ROW_COLUMNS` order."""
+"""One record's values as a driver binds them, in :data:`ROW_COLUMNS` order (SQLite's row; :func:`values`)."""
+DriverRow = Row | str
+"""One record as :func:`inferwatch.collector.db.insert_rows` takes it: a :data:`Row` on SQLite, the line of
+COPY's text format on PostgreSQL."""
 
 DATETIME_FIELDS: Final[tuple[str, ...]] = ("start_time", "end_time")
 RECORD_FIELDS: Final[frozenset[str]] = frozenset(f.name for f in dataclasses.fields(RequestRecord))
@@ -50,6 +58,17 @@ _FLOATS: Final[tuple[str, ...]] = tuple(
     f.name for f in dataclasses.fields(RequestRecord) if f.type in ("float | None", "float")
 )
 _floats: Final[Callable[[RequestRecord], tuple[Any, ...]]] = operator.attrgetter(*_FLOATS)
+_TEXTS: Final[tuple[str, ...]] = tuple(
+    f.name for f in dataclasses.fields(RequestRecord) if f.type in ("str | None", "str")
+)
+_SCALARS: Final[tuple[str, ...]] = tuple(
+    f.name for f in dataclasses.fields(RequestRecord) if f.name not in (*_TEXTS, *DATETIME_FIELDS, "attributes")
+)
+COPY_COLUMNS: Final[tuple[str, ...]] = (*_TEXTS, *_SCALARS, *DATETIME_FIELDS, "attributes")
+"""The columns of a PostgreSQL row's COPY line, in line order: the text columns, the numbers and flags, the
+times, the attributes (the order that lets :func:`_copy_lines` write each group in one call)."""
+_texts: Final[Callable[[RequestRecord], tuple[Any, ...]]] = operator.attrgetter(*_TEXTS)
+_scalars_and_times: Final[Callable[[RequestRecord], tuple[Any, ...]]] = operator.attrgetter(*_SCALARS, *DATETIME_FIELDS)
 
 DIALECTS: Final = ("sqlite", "postgresql")
 
@@ -125,13 +144,13 @@ def _floats_finite(record: RequestRecord) -> bool:
         return False
 
 
-def _line(record: RequestRecord, plain: tuple[Any, ...], start: datetime, end: datetime, attributes_json: str) -> str:
+def _line(plain: tuple[Any, ...], start: datetime, end: datetime, attributes_json: str, *, finite: bool) -> str:
     """The spool line of a record from its parts (the attributes' JSON spliced in, not encoded again)."""
     data = dict(zip(_PLAIN, plain, strict=True))
     data["start_time"] = start.isoformat()
     data["end_time"] = end.isoformat()
     head = None
-    if _floats_finite(record):
+    if finite:
         try:
             head = orjson.dumps(data).decode()
         except (TypeError, orjson.JSONEncodeError):  # a lone surrogate, an int beyond 64 bits…
@@ -141,32 +160,30 @@ def _line(record: RequestRecord, plain: tuple[Any, ...], start: datetime, end: d
     return f'{head[:-1]},"attributes":{attributes_json}}}'
 
 
-def _whole_line(record: RequestRecord) -> str | None:
-    """The spool line as orjson writes the dataclass itself (its fields in order, times in ISO 8601): for a
-    record with UTC times whose attributes orjson encodes as they are (checked by the caller); None when a
-    float field is not finite or orjson refuses a value (then :func:`_line`)."""
-    if not _floats_finite(record):
-        return None
-    try:
-        return orjson.dumps(record).decode()
-    except (TypeError, orjson.JSONEncodeError):
-        return None
-
-
-def _spool_line(record: RequestRecord, plain: tuple[Any, ...], start: datetime, end: datetime) -> tuple[str, str]:
-    """The record's spool line and its attributes' JSON (the column's text)."""
+def _spool_line(
+    record: RequestRecord, plain: tuple[Any, ...], start: datetime, end: datetime, *, finite: bool, utc: bool
+) -> tuple[str, str]:
+    """The record's spool line and its attributes' JSON (the column's text). ``finite``: its float fields are
+    (:func:`_floats_finite`); ``utc``: both its times are aware UTC already."""
     raw = _orjson(record.attributes)
-    if raw is not None and record.start_time.tzinfo is UTC and record.end_time.tzinfo is UTC:
-        line = _whole_line(record)  # one C call for the usual record: three times faster than assembling it
-        if line is not None:
-            return line, raw.decode()
+    if raw is not None and utc and finite:
+        try:  # orjson writes the dataclass itself (its fields in order, times in ISO 8601): one C call for the
+            # usual record, three times faster than assembling the line
+            return orjson.dumps(record).decode(), raw.decode()
+        except (TypeError, orjson.JSONEncodeError):
+            pass
     attributes = _encoder().encode(record.attributes) if raw is None else raw.decode()
-    return _line(record, plain, start, end, attributes), attributes
+    return _line(plain, start, end, attributes, finite=finite), attributes
+
+
+def _is_utc(record: RequestRecord) -> bool:
+    return record.start_time.tzinfo is UTC and record.end_time.tzinfo is UTC
 
 
 def record_to_json(record: RequestRecord) -> str:
     """One line of JSON (no newline inside); floats round-trip exactly."""
-    return _spool_line(record, _plain(record), _utc(record.start_time), _utc(record.end_time))[0]
+    start, end = _utc(record.start_time), _utc(record.end_time)
+    return _spool_line(record, _plain(record), start, end, finite=_floats_finite(record), utc=_is_utc(record))[0]
 
 
 def record_from_json(line: str | bytes) -> RequestRecord:
@@ -184,29 +201,116 @@ def sqlite_time(value: datetime) -> str:
     return _utc(value).replace(tzinfo=None).isoformat(" ", "microseconds")
 
 
-def prepare(records: Sequence[RequestRecord], dialect: str) -> tuple[list[Row], list[str]]:
-    """Each record's driver row for ``dialect`` and its spool line (:func:`record_to_json`), in one pass."""
+def values(record: RequestRecord) -> Row:
+    """The record's values in :data:`ROW_COLUMNS` order as psycopg binds them: times aware UTC, the attributes
+    as JSON text (what :func:`copy_line` writes as text; also the baseline of ``bench/collector.py``)."""
+    return (*_plain(record), _utc(record.start_time), _utc(record.end_time), dumps(record.attributes))
+
+
+COPY_NULL: Final = "\\N"
+_NULLS: Final[dict[Any, str]] = {None: COPY_NULL}
+_COPY_SPECIAL: Final = re.compile("[\\\\\t\n\r]")
+"""What COPY's text format reads as more than itself: the escape character, the delimiter, the row ends."""
+_TAB: Final = "\t"
+_TIME_QUOTES: Final = 2 * len(DATETIME_FIELDS)
+"""The quotes of a fast row's numbers and times as orjson writes them: those of its two times."""
+_COPY_ESCAPES: Final = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
+
+
+def _copy_field(value: Any) -> str:
+    """One value in COPY's text format, escaped (the field-by-field path)."""
+    if value is None:
+        return COPY_NULL
+    if isinstance(value, bool):
+        return "t" if value else "f"
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "NaN"
+        if math.isinf(value):
+            return "Infinity" if value > 0 else "-Infinity"
+        return repr(value)
+    if isinstance(value, datetime):
+        return _utc(value).isoformat()
+    return str(value).translate(_COPY_ESCAPES)
+
+
+def copy_line(record: RequestRecord, attributes_json: str | None = None) -> str:
+    """The record's line of PostgreSQL's COPY text format (:data:`COPY_COLUMNS`; no newline), field by field:
+    every value escaped as COPY reads it back (the reference for the batched :func:`_copy_lines`)."""
+    if attributes_json is None:
+        attributes_json = dumps(record.attributes)
+    fields = [getattr(record, name) for name in COPY_COLUMNS[:-1]]
+    return "\t".join([*map(_copy_field, fields), attributes_json.translate(_COPY_ESCAPES)])
+
+
+def _copy_lines(records: Sequence[RequestRecord], attributes: Sequence[str], fast: Sequence[bool]) -> list[str]:
+    """The COPY lines of ``records`` (``attributes``: each one's JSON; ``fast``: its floats are finite and its
+    times aware UTC). A fast record's text columns are joined as they are (None as ``\\N``) and its numbers,
+    flags and times written by one ``orjson.dumps`` (``[1.5,false,null,"2024-05-01T12:00:00+00:00"]`` becomes
+    ``1.5<TAB>false<TAB>\\N<TAB>2024-05-01T12:00:00+00:00``: no text there holds a comma, quote or ``null``
+    but these); its row goes the field-by-field way when a text value needs escaping (checked once for the
+    whole batch) or orjson refuses a value."""
+    lines: list[str] = []
+    texts: list[str] = []
+    get = _NULLS.get
+    dumps_ = orjson.dumps
+    for record, attributes_json, ok in zip(records, attributes, fast, strict=True):
+        if ok:
+            text = _texts(record)
+            try:
+                head = _TAB.join(map(get, text, text))
+                scalars = dumps_(_scalars_and_times(record)).decode()
+            except (TypeError, orjson.JSONEncodeError):  # not text where text belongs, an int beyond 64 bits…
+                lines.append(copy_line(record, attributes_json))
+                continue
+            if scalars.count('"') != _TIME_QUOTES:  # text where a number or a time belongs: written as text
+                lines.append(copy_line(record, attributes_json))
+                continue
+            texts += filter(None, text)
+            scalars = scalars[1:-1].replace(",", _TAB).replace("null", COPY_NULL).replace('"', "")
+            if "\\" in attributes_json:  # JSON's own escapes (a quote, a control character in a string)
+                attributes_json = attributes_json.replace("\\", "\\\\")
+            lines.append(f"{head}\t{scalars}\t{attributes_json}")
+        else:
+            lines.append(copy_line(record, attributes_json))
+    if texts and _COPY_SPECIAL.search("".join(texts)):  # rare: find the rows and escape them
+        for i, (record, attributes_json) in enumerate(zip(records, attributes, strict=True)):
+            if any(isinstance(v, str) and _COPY_SPECIAL.search(v) for v in _texts(record)):
+                lines[i] = copy_line(record, attributes_json)
+    return lines
+
+
+def prepare(records: Sequence[RequestRecord], dialect: str) -> tuple[list[DriverRow], list[str]]:
+    """Each record's driver row for ``dialect`` (a :data:`Row` for SQLite, the COPY line for PostgreSQL) and
+    its spool line (:func:`record_to_json`), in one pass."""
     if dialect not in DIALECTS:
         raise ValueError(f"the request store supports SQLite and PostgreSQL, not {dialect}")
-    rows: list[Row] = []
+    rows: list[DriverRow] = []
     lines: list[str] = []
+    attributes: list[str] = []
+    fast: list[bool] = []
     sqlite = dialect == "sqlite"
     for record in records:
         plain = _plain(record)
-        start, end = _utc(record.start_time), _utc(record.end_time)
-        line, attributes = _spool_line(record, plain, start, end)
+        utc = _is_utc(record)
+        start, end = (record.start_time, record.end_time) if utc else (_utc(record.start_time), _utc(record.end_time))
+        finite = _floats_finite(record)
+        line, attributes_json = _spool_line(record, plain, start, end, finite=finite, utc=utc)
+        lines.append(line)
         if sqlite:
             rows.append(
                 (
                     *plain,
                     start.replace(tzinfo=None).isoformat(" ", "microseconds"),
                     end.replace(tzinfo=None).isoformat(" ", "microseconds"),
-                    attributes,
+                    attributes_json,
                 )
             )
         else:
-            rows.append((*plain, start, end, attributes))
-        lines.append(line)
+            attributes.append(attributes_json)
+            fast.append(finite and utc)
+    if not sqlite:
+        rows += _copy_lines(records, attributes, fast)
     return rows, lines
 
 
@@ -214,7 +318,7 @@ def prepare(records: Sequence[RequestRecord], dialect: str) -> tuple[list[Row], 
 class Prepared:
     """Records ready to be written: each one's driver row (for one dialect) and its spool line, in order."""
 
-    rows: list[Row]
+    rows: list[DriverRow]
     lines: list[str]
 
     @classmethod

@@ -16,6 +16,8 @@ from typing import Any, cast
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from sqlalchemy import Engine, Index, MetaData, RowMapping, create_engine, func, inspect, select, text
 from sqlalchemy.pool import NullPool
 
@@ -510,6 +512,121 @@ def test_the_fast_path_stores_what_core_would(store: Engine) -> None:
                 by_trace.setdefault(trace_id, []).append((start, end))
             assert by_trace[f"{1:032x}"] == by_trace[f"{99:032x}"]
             assert by_trace[f"{1:032x}"][1][0] == "2024-05-01 12:00:00.000000"
+
+
+@pytest.fixture
+def pg_store() -> Iterator[Engine]:
+    """A PostgreSQL store migrated to head (a fresh schema)."""
+    with postgres_schema() as url:
+        eng = db.make_engine(url)
+        db.upgrade(eng)
+        yield eng
+        eng.dispose()
+
+
+def _stored_by_trace(store: Engine) -> dict[str, list[tuple[str, ...]]]:
+    """Every stored row's columns but the id, trace id and arrival, as text (NaN equal to NaN), by trace id."""
+    columns = [c for c in REQUEST_TABLE.c if c.key not in ("id", "trace_id", "received_at")]
+    with store.connect() as conn:
+        rows = conn.execute(select(REQUEST_TABLE.c.trace_id, *columns).order_by(REQUEST_TABLE.c.span_id)).all()
+    out: dict[str, list[tuple[str, ...]]] = {}
+    for row in rows:
+        out.setdefault(row[0], []).append(tuple(map(repr, row[1:])))
+    return out
+
+
+_TEXT_EDGES = ["\\N", "\\", "a\tb", "a\nb", "a\rb", "null", "a,b", '"q"', "None", "", "é ✓ 日本", "\\.", "\U0001f600"]
+_storable = st.characters(exclude_categories=["Cs"], exclude_characters="\x00")
+"""What PostgreSQL's text holds: no NUL, no lone surrogate (refused before a row is made)."""
+_some_text = st.one_of(st.sampled_from(_TEXT_EDGES), st.text(_storable, max_size=12))
+_texts = st.none() | _some_text
+_floats = st.one_of(st.none(), st.floats(allow_nan=True, allow_infinity=True), st.sampled_from([-0.0, 5e-324, 1e16]))
+_bigints = st.one_of(st.none(), st.integers(-(2**63), 2**63 - 1))
+_zones = st.sampled_from([UTC, timezone(timedelta(hours=2)), timezone(timedelta(hours=-9, minutes=-30)), None])
+_times = st.builds(lambda t, tz: t.replace(tzinfo=tz), st.datetimes(datetime(1, 1, 2), datetime(9999, 12, 30)), _zones)
+_json = st.recursive(
+    st.one_of(
+        st.none(),
+        st.booleans(),
+        st.integers(-(2**63), 2**63 - 1),
+        st.floats(allow_nan=False, allow_infinity=False),
+        _some_text,
+    ),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(_storable, max_size=4), inner, max_size=3),
+    max_leaves=6,
+)
+_records = st.builds(
+    lambda i, **kw: make_record(i, **kw),
+    st.just(0),
+    start=_times,
+    request_id=_texts,
+    engine=_some_text,
+    model=_texts,
+    instance=_texts,
+    service=_texts,
+    finish_reason=_texts,
+    error=_texts,
+    lora_adapter=_texts,
+    ttft_derived=st.booleans(),
+    time_to_first_token=_floats,
+    time_per_output_token=_floats,
+    request_duration=_floats,
+    request_queue=_floats,
+    request_prefill=_floats,
+    request_decode=_floats,
+    temperature=_floats,
+    prompt_tokens=_bigints,
+    generation_tokens=_bigints,
+    prefix_cache_hit_tokens=_bigints,
+    max_tokens=_bigints,
+    n=st.one_of(st.none(), st.integers(-(2**31), 2**31 - 1)),
+    attributes=st.dictionaries(st.text(_storable, max_size=6), _json, max_size=4),
+)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(records=st.lists(_records, min_size=1, max_size=12))
+def test_copy_lines_store_what_core_would(pg_store: Engine, records: list[RequestRecord]) -> None:
+    """PostgreSQL's rows go in as lines of COPY's text format made by the worker processes (orjson writes a
+    row's numbers and times, its text columns are joined as they are, a row with a value COPY would read
+    otherwise is escaped field by field): whatever the values (text with backslashes, tabs, newlines or
+    ``\\N``; NaN, infinities, -0.0, subnormals; 64-bit integers; times in any zone or naive; nested
+    attributes), the stored row is exactly what SQLAlchemy Core's insert of the same record stores."""
+    from sqlalchemy import delete, insert
+
+    for i, record in enumerate(records):
+        record.span_id = f"{i + 1:016x}"
+    twins = [RequestRecord(**{**vars(r), "trace_id": f"{99:032x}"}) for r in records]
+    with pg_store.begin() as conn:
+        conn.execute(delete(REQUEST_TABLE))
+    assert db.insert_records(pg_store, records) == (len(records), 0)
+    with pg_store.begin() as conn:
+        conn.execute(insert(REQUEST_TABLE), [{**vars(r), "received_at": T0} for r in twins])
+    stored = _stored_by_trace(pg_store)
+    assert stored[f"{1:032x}"] == stored[f"{99:032x}"]
+
+
+def test_usual_rows_take_the_batched_copy_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A usual batch (UTC times, finite numbers, plain text) never goes field by field (the slow path costs
+    three times as much in the workers); a row that needs escaping does, alone in its batch."""
+    from inferwatch.collector import rows
+
+    slow: list[str] = []
+    reference = rows.copy_line
+
+    def counted(record: RequestRecord, attributes_json: str | None = None) -> str:
+        slow.append(record.span_id)
+        return reference(record, attributes_json)
+
+    monkeypatch.setattr(rows, "copy_line", counted)
+    usual = batch(50, attributes={"k": "v", "x": 1.5, "q": 'say "hi"'})
+    lines, _ = rows.prepare(usual, "postgresql")
+    assert slow == [] and len(lines) == 50
+    assert all(isinstance(line, str) and line.count("\t") == len(rows.COPY_COLUMNS) - 1 for line in lines)
+    odd = [*batch(3), make_record(3, model="a\tb"), make_record(4, temperature=float("nan"))]
+    odd.append(make_record(5, start=datetime(2024, 5, 1, 14, 0, tzinfo=timezone(timedelta(hours=2)))))
+    rows.prepare(odd, "postgresql")
+    assert sorted(slow) == [odd[3].span_id, odd[4].span_id, odd[5].span_id]
 
 
 def test_spool_lines_read_back_into_the_same_record() -> None:

@@ -12,7 +12,10 @@
    its bodies and says it is ready before the clock starts; it reports its own CPU, which shares the 2 cores.
    **Targets: >= 0.8x the limit on SQLite, >= 0.7x on PostgreSQL** (the local server, a scratch schema). Limit
    and end to end are measured in interleaved rounds (``--rounds``), the best of each side compared, so that a
-   busy moment of the shared machine does not decide the ratio.
+   busy moment of the shared machine does not decide the ratio. On PostgreSQL each measurement starts on a
+   settled server (a CHECKPOINT, and no autovacuum worker busy with the previous measurement's rows): without
+   it whichever side ran second paid for the other's 100k rows (the end to end measured 28k spans/s after a
+   limit run and 32-34k alone).
 (``/api/v1/stats`` at scale: bench/stats.py.)
 
 ``--ingest-processes N`` sets the collector's worker processes, ``--replicas K`` runs K collector processes on
@@ -322,6 +325,24 @@ def send(urls: list[str], body_file: Path, senders: int) -> None:
     print(f"cpu {time.process_time() - cpu:.6f}", flush=True)
 
 
+def settle(backend: str, timeout: float = 60.0) -> None:
+    """PostgreSQL: let the server finish what the previous measurement left it (the checkpoint of its writes,
+    autovacuum's analyze of its 100k new rows), so that neither side is timed against the other's cleanup."""
+    if backend != "postgresql":
+        return
+    engine = db.make_engine(PG_URL)
+    try:
+        with engine.connect() as conn:
+            conn.execute(text("CHECKPOINT"))
+            deadline = time.monotonic() + timeout
+            busy = "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'autovacuum worker'"
+            while conn.execute(text(busy)).scalar_one() and time.monotonic() < deadline:
+                conn.rollback()
+                time.sleep(0.2)
+    finally:
+        engine.dispose()
+
+
 def measure(backend: str, tmp: Path, bodies: list[bytes], args: argparse.Namespace, reset: Any) -> tuple[float, float]:
     """Best-of-rounds limit and end-to-end rows/s (interleaved), each on a fresh store (``reset(path)``: a new
     directory for SQLite, a new schema's URL for PostgreSQL)."""
@@ -329,10 +350,12 @@ def measure(backend: str, tmp: Path, bodies: list[bytes], args: argparse.Namespa
     limits, e2es = [], []
     root = Path(args.collector_root).resolve() if args.collector_root else None
     for r in range(args.rounds):
+        settle(backend)
         where = reset(tmp / f"{backend}-limit-{r}")
         limit = (
             sqlite_limit(where, rows, args.batch) if backend == "sqlite" else postgres_limit(where, rows, args.batch)
         )
+        settle(backend)
         where = reset(tmp / f"{backend}-e2e-{r}")
         target = db.default_url(where / "store") if backend == "sqlite" else where
         e2e = end_to_end(

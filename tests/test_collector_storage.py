@@ -7,6 +7,7 @@ unreachable, but fail when the ``CI`` environment variable is set.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime, timedelta, timezone
@@ -555,33 +556,26 @@ _json = st.recursive(
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(_storable, max_size=4), inner, max_size=3),
     max_leaves=6,
 )
+_BY_TYPE: dict[str, st.SearchStrategy[Any]] = {
+    "str | None": _texts,
+    "float | None": _floats,
+    "int | None": _bigints,
+    "bool": st.booleans(),
+}
 _records = st.builds(
     lambda i, **kw: make_record(i, **kw),
     st.just(0),
+    **{
+        f.name: _BY_TYPE[str(f.type)]
+        for f in dataclasses.fields(RequestRecord)
+        if str(f.type) in _BY_TYPE and f.name != "n"
+    },
     start=_times,
-    request_id=_texts,
     engine=_some_text,
-    model=_texts,
-    instance=_texts,
-    service=_texts,
-    finish_reason=_texts,
-    error=_texts,
-    lora_adapter=_texts,
-    ttft_derived=st.booleans(),
-    time_to_first_token=_floats,
-    time_per_output_token=_floats,
-    request_duration=_floats,
-    request_queue=_floats,
-    request_prefill=_floats,
-    request_decode=_floats,
-    temperature=_floats,
-    prompt_tokens=_bigints,
-    generation_tokens=_bigints,
-    prefix_cache_hit_tokens=_bigints,
-    max_tokens=_bigints,
     n=st.one_of(st.none(), st.integers(-(2**31), 2**31 - 1)),
     attributes=st.dictionaries(st.text(_storable, max_size=6), _json, max_size=4),
 )
+"""Records with every column drawn by its type (text, floats, 64-bit integers, the flag), ``n`` 32-bit."""
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -285,13 +285,15 @@ EXACT_LIMIT: Final = 5_000_000
 SCAN_SHARE: Final = 0.05
 """A window holding less than this share of the table reads the values of its percentiles' buckets from its
 own rows (by end time); a larger one from the latency indexes (ranges of the whole table)."""
-RAW_LIMIT: Final = 250_000
+RAW_LIMIT: Final = 400_000
 """A window of at most about this many rows (estimated from the id of its first row) is answered from its values
 gathered per group from its value blocks (plan ``values``; ``raw``, its rows, while the rollups are far behind);
 not the rollups' sketches (they hold too few rows per minute and series to be cheaper). Measured on PostgreSQL at
-1M rows: 24 hours (143k rows) in 42-59 ms from the blocks against 93-182 ms by the index plan; the blocks' cost
-grows with the window's rows (about 0.3 us each) and the index plan's slower, and a request holds roughly 150 bytes
-per row of the window while it gathers: hence the bound."""
+1M rows: 24 hours (143k rows) in 42-59 ms from the blocks against 93-182 ms by the index plan; at 5M rows (forced
+plans, 2026-12-05) 298k rows in 26-27 ms against 161 ms (no grouping) to 3.0 s (by instance) by the scan plan,
+the one a window under 5% of the table gets otherwise: the 1-hour window of a 50M-row week (300k rows) took
+0.4-1.7 s by it. The blocks' cost grows with the window's rows (about 0.1 us each) and a request holds about
+120 bytes per row of the window while it gathers (traced: 36 MB for 298k rows, 47 MB for 387k): hence the bound."""
 TAIL_LIMIT: Final = 250_000
 """Rows not yet in the rollups beyond which the rollups are not used (a backfill under way): the index walks."""
 

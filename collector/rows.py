@@ -255,27 +255,25 @@ def _copy_lines(records: Sequence[RequestRecord], attributes: Sequence[str], fas
     get = _NULLS.get
     dumps_ = orjson.dumps
     for record, attributes_json, ok in zip(records, attributes, fast, strict=True):
+        line = None
         if ok:
             text = _texts(record)
             try:
                 head = _TAB.join(map(get, text, text))
                 scalars = dumps_(_scalars_and_times(record)).decode()
             except (TypeError, orjson.JSONEncodeError):  # not text where text belongs, an int beyond 64 bits…
-                lines.append(copy_line(record, attributes_json))
-                continue
-            if scalars.count('"') != _TIME_QUOTES:  # text where a number or a time belongs: written as text
-                lines.append(copy_line(record, attributes_json))
-                continue
-            texts += filter(None, text)
-            scalars = scalars[1:-1].replace(",", _TAB).replace("null", COPY_NULL).replace('"', "")
-            if "\\" in attributes_json:  # JSON's own escapes (a quote, a control character in a string)
-                attributes_json = attributes_json.replace("\\", "\\\\")
-            lines.append(f"{head}\t{scalars}\t{attributes_json}")
-        else:
-            lines.append(copy_line(record, attributes_json))
-    if texts and _COPY_SPECIAL.search("".join(texts)):  # rare: find the rows and escape them
-        for i, (record, attributes_json) in enumerate(zip(records, attributes, strict=True)):
-            if any(isinstance(v, str) and _COPY_SPECIAL.search(v) for v in _texts(record)):
+                pass
+            else:
+                if scalars.count('"') == _TIME_QUOTES:  # else text where a number or a time belongs
+                    texts += filter(None, text)
+                    scalars = scalars[1:-1].replace(",", _TAB).replace("null", COPY_NULL).replace('"', "")
+                    if "\\" in attributes_json:  # JSON's own escapes (a quote, a control character in a string)
+                        attributes_json = attributes_json.replace("\\", "\\\\")
+                    line = f"{head}\t{scalars}\t{attributes_json}"
+        lines.append(copy_line(record, attributes_json) if line is None else line)
+    if texts and _COPY_SPECIAL.search("".join(texts)):  # rare: find the fast rows that need escaping
+        for i, (record, attributes_json, ok) in enumerate(zip(records, attributes, fast, strict=True)):
+            if ok and any(isinstance(v, str) and _COPY_SPECIAL.search(v) for v in _texts(record)):
                 lines[i] = copy_line(record, attributes_json)
     return lines
 
@@ -293,7 +291,7 @@ def prepare(records: Sequence[RequestRecord], dialect: str) -> tuple[list[Driver
     for record in records:
         plain = _plain(record)
         utc = _is_utc(record)
-        start, end = (record.start_time, record.end_time) if utc else (_utc(record.start_time), _utc(record.end_time))
+        start, end = _utc(record.start_time), _utc(record.end_time)
         finite = _floats_finite(record)
         line, attributes_json = _spool_line(record, plain, start, end, finite=finite, utc=utc)
         lines.append(line)

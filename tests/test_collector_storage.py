@@ -484,28 +484,36 @@ def test_retention_deletes_old_rows(store: Engine, tmp_path: Path) -> None:
 # --- the driver fast path and the spool lines ------------------------------------------------------------------------
 
 
+def _stored_fast_and_core(store: Engine, records: list[RequestRecord]) -> tuple[list[Any], list[Any]]:
+    """Store ``records`` through the driver's fast path (:func:`db.insert_records`, asserted to insert them all)
+    and their twins (trace id 99) through SQLAlchemy Core's insert; each side's stored columns but the id, trace
+    id and arrival, by span id."""
+    from sqlalchemy import insert
+
+    twins = [RequestRecord(**{**vars(r), "trace_id": f"{99:032x}"}) for r in records]
+    assert db.insert_records(store, records) == (len(records), 0)
+    with store.begin() as conn:
+        conn.execute(insert(REQUEST_TABLE), [{**vars(r), "received_at": T0} for r in twins])
+    columns = [c for c in REQUEST_TABLE.c if c.key not in ("id", "trace_id", "received_at")]
+    with store.connect() as conn:
+        rows = conn.execute(select(REQUEST_TABLE.c.trace_id, *columns).order_by(REQUEST_TABLE.c.span_id)).all()
+    fast = [tuple(r[1:]) for r in rows if r[0] != f"{99:032x}"]
+    core = [tuple(r[1:]) for r in rows if r[0] == f"{99:032x}"]
+    return fast, core
+
+
 def test_the_fast_path_stores_what_core_would(store: Engine) -> None:
     """Rows inserted through the driver's fast path (executemany of tuples on SQLite, COPY on PostgreSQL) hold
     exactly what SQLAlchemy Core's insert of the same records stores, down to SQLite's stored time text."""
-    from sqlalchemy import insert
-
     cest = timezone(timedelta(hours=2))
     records = [
         make_record(1, attributes={"f": 0.1 + 0.2, "n": None, "s": "é ✓", "l": [1, 2.5, {"k": True}]}),
         make_record(2, start=datetime(2024, 5, 1, 14, 0, 0, 0, tzinfo=cest), temperature=1 / 3, ttft_derived=True),
         make_record(3, start=datetime(2024, 5, 1, 12, 0, 0, 7), prompt_tokens=2**62, n=7, error="a\tb\nc\\d"),
     ]
-    twins = [RequestRecord(**{**vars(r), "trace_id": f"{99:032x}"}) for r in records]
-    assert db.insert_records(store, records) == (3, 0)
-    with store.begin() as conn:
-        now = datetime.now(UTC)
-        conn.execute(insert(REQUEST_TABLE), [{**vars(r), "received_at": now} for r in twins])
-    columns = [c for c in REQUEST_TABLE.c if c.key not in ("id", "trace_id", "received_at")]
+    fast, core = _stored_fast_and_core(store, records)
+    assert fast == core
     with store.connect() as conn:
-        rows = conn.execute(select(REQUEST_TABLE.c.trace_id, *columns).order_by(REQUEST_TABLE.c.span_id)).all()
-        fast = [tuple(r[1:]) for r in rows if r[0] != f"{99:032x}"]
-        core = [tuple(r[1:]) for r in rows if r[0] == f"{99:032x}"]
-        assert fast == core
         if store.dialect.name == "sqlite":  # the stored text itself, which the time indexes order
             raw = conn.exec_driver_sql(f"SELECT trace_id, start_time, end_time FROM {TABLE_NAME} ORDER BY span_id")
             by_trace: dict[str, list[tuple[str, str]]] = {}
@@ -523,17 +531,6 @@ def pg_store() -> Iterator[Engine]:
         db.upgrade(eng)
         yield eng
         eng.dispose()
-
-
-def _stored_by_trace(store: Engine) -> dict[str, list[tuple[str, ...]]]:
-    """Every stored row's columns but the id, trace id and arrival, as text (NaN equal to NaN), by trace id."""
-    columns = [c for c in REQUEST_TABLE.c if c.key not in ("id", "trace_id", "received_at")]
-    with store.connect() as conn:
-        rows = conn.execute(select(REQUEST_TABLE.c.trace_id, *columns).order_by(REQUEST_TABLE.c.span_id)).all()
-    out: dict[str, list[tuple[str, ...]]] = {}
-    for row in rows:
-        out.setdefault(row[0], []).append(tuple(map(repr, row[1:])))
-    return out
 
 
 _TEXT_EDGES = ["\\N", "\\", "a\tb", "a\nb", "a\rb", "null", "a,b", '"q"', "None", "", "é ✓ 日本", "\\.", "\U0001f600"]
@@ -586,18 +583,14 @@ def test_copy_lines_store_what_core_would(pg_store: Engine, records: list[Reques
     otherwise is escaped field by field): whatever the values (text with backslashes, tabs, newlines or
     ``\\N``; NaN, infinities, -0.0, subnormals; 64-bit integers; times in any zone or naive; nested
     attributes), the stored row is exactly what SQLAlchemy Core's insert of the same record stores."""
-    from sqlalchemy import delete, insert
+    from sqlalchemy import delete
 
     for i, record in enumerate(records):
         record.span_id = f"{i + 1:016x}"
-    twins = [RequestRecord(**{**vars(r), "trace_id": f"{99:032x}"}) for r in records]
     with pg_store.begin() as conn:
         conn.execute(delete(REQUEST_TABLE))
-    assert db.insert_records(pg_store, records) == (len(records), 0)
-    with pg_store.begin() as conn:
-        conn.execute(insert(REQUEST_TABLE), [{**vars(r), "received_at": T0} for r in twins])
-    stored = _stored_by_trace(pg_store)
-    assert stored[f"{1:032x}"] == stored[f"{99:032x}"]
+    fast, core = _stored_fast_and_core(pg_store, records)
+    assert [tuple(map(repr, r)) for r in fast] == [tuple(map(repr, r)) for r in core]  # NaN equal to NaN
 
 
 def test_usual_rows_take_the_batched_copy_path(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -57,6 +57,12 @@ class CollectorSettings(BaseSettings):
     spool_max_bytes: int = Field(
         1 << 30, ge=0, description="Largest spool while the database is down; beyond it exports get 503 (0: none)."
     )
+    spool_segment_bytes: int = Field(
+        64 << 20,
+        ge=4096,
+        description="A spool segment is closed past this size, so that replayed segments can be deleted while "
+        "records keep arriving.",
+    )
     retention: str | None = Field(None, description="Delete requests older than this (e.g. 7d).")
     ingest_tokens: list[str] = Field(default_factory=list, description="Bearer tokens allowed to send OTLP.")
     read_tokens: list[str] = Field(default_factory=list, description="Bearer tokens allowed to read the API.")

@@ -105,6 +105,7 @@ def build(settings: CollectorSettings, engine: Engine | None = None) -> Collecto
         retention=settings.retention_delta(),
         write_timeout=settings.db_write_timeout_seconds,
         spool_max_bytes=settings.spool_max_bytes,
+        segment_bytes=settings.spool_segment_bytes,
     )
     metrics = CollectorMetrics()
     on = oncall(settings)

@@ -133,7 +133,9 @@ class Spool:
     :meth:`finish` empties the spool once everything in it is committed.
 
     Marks are (segment, logical offset): emptying the newest segment moves its logical start forward
-    instead of reusing offsets, so a mark never points at bytes written after it was taken.
+    instead of reusing offsets, so a mark never points at bytes written after it was taken. A segment keeps
+    its logical start when it is closed: a byte's place in the file is its logical offset less the start of
+    its segment (a segment emptied by :meth:`finish` and then filled past ``segment_bytes`` starts past 0).
     """
 
     def __init__(self, path: Path, segment_bytes: int = SEGMENT_BYTES) -> None:
@@ -151,7 +153,9 @@ class Spool:
         self._segments: list[int] = sorted(numbers) or [0]
         self._active = self._segments[-1]
         self._ends = {n: self._file(n).stat().st_size for n in self._segments[:-1]}
-        """logical ends of the closed segments (their logical start is 0)."""
+        """logical ends of the closed segments."""
+        self._starts: dict[int, int] = {}
+        """logical offsets of the closed segments' first bytes (absent: 0, as for every segment found at open)."""
         self._base = 0
         """logical offset of the newest segment's first byte."""
         active = self._file(self._active)
@@ -209,6 +213,8 @@ class Spool:
                 os.close(fd)
                 self._fd = None
                 self._ends[self._active] = self._base + self._size
+                if self._base:
+                    self._starts[self._active] = self._base
                 self._active += 1
                 self._segments.append(self._active)
                 self._base = self._size = 0
@@ -282,7 +288,7 @@ class Spool:
         while True:
             with self._lock:
                 number, offset = self._cursor = self._normal(self._cursor)
-                base = self._base if number == self._active else 0
+                base = self._base if number == self._active else self._starts.get(number, 0)
                 end = self._base + self._size if number == self._active else self._ends.get(number, 0)
             path = self._file(number)
             try:
@@ -319,6 +325,7 @@ class Spool:
             self._segments = [n for n in self._segments if n >= mark[0]]
             for number in done:
                 self._ends.pop(number, None)
+                self._starts.pop(number, None)
         for number in done:
             with contextlib.suppress(FileNotFoundError):
                 self._file(number).unlink()
@@ -345,6 +352,7 @@ class Spool:
             done = [n for n in self._segments if n < self._active]
             self._segments = [self._active]
             self._ends.clear()
+            self._starts.clear()
             if then is not None:
                 then()
         for number in done:

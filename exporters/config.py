@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError, f
 from inferwatch.core import vocabulary as V
 from inferwatch.core.config import ConfigError
 from inferwatch.exporters.engines import EngineRegistry
+from inferwatch.exporters.fetching import DEFAULT_REDIRECT_POLICY, RedirectPolicy
 from inferwatch.exporters.mapping import EngineAdapter, OptionValues
 
 AUTO = "auto"
@@ -49,6 +50,11 @@ class TargetConfig(BaseModel):
         DEFAULT_MAX_BODY_BYTES, gt=0, description="Largest response body read from the engine, after decompression."
     )
     max_samples: int = Field(DEFAULT_MAX_SAMPLES, gt=0, description="Most sample lines accepted in one page.")
+    follow_redirects: RedirectPolicy = Field(
+        DEFAULT_REDIRECT_POLICY,
+        description="Which redirects of the engine are followed: same-origin (to the target's scheme, host and "
+        "port), none, or any; a refused redirect makes the scrape fail with reason redirect.",
+    )
     options: dict[str, JsonValue] = Field(
         default_factory=dict, description="Engine options by name (`inferwatch exporter engines` lists them)."
     )

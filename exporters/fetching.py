@@ -6,6 +6,12 @@ headers and body of every request must fit in it, not each read. The :class:`Wat
 exporter) aborts a request whose deadline passed by shutting its socket down, which wakes a read
 blocked on an engine that dribbles. Bodies are read as a stream and decompressed here, at most
 ``max_body_bytes`` after decompression: a gzip bomb costs the limit, not its inflated size.
+
+Redirects are followed here, one request at a time (no redirect body is read), at most
+:data:`MAX_REDIRECTS` in a row and only as far as the target's :data:`RedirectPolicy` allows: by
+default to the target's own origin (scheme, host and port). A redirect elsewhere would make the
+exporter fetch, and serve as the engine's, whatever the engine points at, such as a service the
+exporter reaches and Prometheus does not; it fails the scrape with reason ``redirect``.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import threading
 import time
 import zlib
 from dataclasses import dataclass
+from typing import Final, Literal
 
 import httpx
 
@@ -25,6 +32,12 @@ from inferwatch.core import vocabulary as V
 from inferwatch.exporters.mapping import ScrapeError
 
 MAX_REDIRECTS = 5
+RedirectPolicy = Literal["same-origin", "none", "any"]
+"""which redirects of an engine are followed: ``same-origin`` those to the target's scheme, host and
+port; ``none`` none; ``any`` all (at most :data:`MAX_REDIRECTS` in a row, whatever the policy)."""
+REDIRECT_POLICIES: Final[tuple[RedirectPolicy, ...]] = ("same-origin", "none", "any")
+DEFAULT_REDIRECT_POLICY: Final[RedirectPolicy] = "same-origin"
+_DEFAULT_PORTS: Final = {"http": 80, "https": 443}
 ACCEPT_ENCODING = "gzip"
 """what the exporter asks for; an engine that answers ``deflate`` or ``identity`` is read too."""
 
@@ -52,6 +65,13 @@ class Limits:
     """the whole scrape: every request it makes, connect to last byte."""
     max_body_bytes: int
     """per response body, counted after decompression."""
+    follow_redirects: RedirectPolicy = DEFAULT_REDIRECT_POLICY
+    """which redirects are followed (see :data:`RedirectPolicy`)."""
+
+
+def origin(url: httpx.URL) -> tuple[str, str, int | None]:
+    """(scheme, host, port) of ``url``, the port explicit even when it is the scheme's default."""
+    return url.scheme, url.host.lower(), url.port or _DEFAULT_PORTS.get(url.scheme)
 
 
 class _Inflate:
@@ -195,7 +215,7 @@ class EngineRequest:
             self._track(sock, True)
             try:
                 if response.next_request is not None:  # a redirect: its body is never read
-                    url = str(response.next_request.url)
+                    url = self._redirect(url, response.next_request.url)
                     continue
                 if allow_404 and response.status_code == 404:
                     return ""
@@ -206,7 +226,18 @@ class EngineRequest:
                 self._track(sock, False)
                 with contextlib.suppress(Exception):  # closing a connection cut by abort() may complain
                     response.close()
-        raise ScrapeError(f"more than {MAX_REDIRECTS} redirects from {url}", V.SCRAPE_ERROR_HTTP_STATUS)
+        raise ScrapeError(f"more than {MAX_REDIRECTS} redirects in a row, the last to {url}", V.SCRAPE_ERROR_REDIRECT)
+
+    def _redirect(self, url: str, to: httpx.URL) -> str:
+        """``to`` when the policy follows a redirect there from ``url``; else ScrapeError (``redirect``)."""
+        policy = self.limits.follow_redirects
+        if policy == "any" or (policy == "same-origin" and origin(to) == origin(httpx.URL(self.base))):
+            return str(to)
+        allowed = "no redirect" if policy == "none" else f"redirects within {self.base} only"
+        raise ScrapeError(
+            f"{url} redirects to {to}; not followed ({allowed}: see the target's follow_redirects)",
+            V.SCRAPE_ERROR_REDIRECT,
+        )
 
     def _read(self, response: httpx.Response, url: str, until: float) -> str:
         limit = self.limits.max_body_bytes

@@ -14,7 +14,9 @@ its own (a *flight*); the scrapes of the exporter that arrive while it is in fli
 of queueing behind it, and each waits at most until the flight's deadline: a slow engine costs a
 scrape at most its deadline, never more, and never the next scrape. A page is refused whole (up 0)
 when its body is over ``max_body_bytes``, it has more than ``max_samples`` sample lines, it is cut
-mid-line, it repeats a series, or a counter or histogram sample is NaN or infinite.
+mid-line, it repeats a series, or a counter or histogram sample is NaN or infinite; and a scrape
+fails (reason ``redirect``) when the engine redirects it where the target's ``follow_redirects``
+does not allow (by default: anywhere but the target's own scheme, host and port).
 """
 
 from __future__ import annotations
@@ -137,7 +139,7 @@ class TargetScraper:
             adapter = self.registry.get(self.target.engine)
             self.session = adapter.open(self.target.options_for(adapter))
         self.base, self.path = _split(self.target.url)
-        self.limits = Limits(self.target.timeout_seconds, self.target.max_body_bytes)
+        self.limits = Limits(self.target.timeout_seconds, self.target.max_body_bytes, self.target.follow_redirects)
 
     @property
     def adapter(self) -> EngineAdapter | None:

@@ -7,6 +7,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -177,7 +178,7 @@ def _serve_config(
     listen: str | None,
     model: str | None,
     options: dict[str, JsonValue],
-    limits: dict[str, float | int | None],
+    limits: Mapping[str, object],
 ) -> ExporterConfig:
     from inferwatch.exporters.config import ExporterConfig, TargetConfig, engine_problems, load_exporter_config
 
@@ -236,6 +237,14 @@ def serve(
     max_samples: Annotated[
         int | None, typer.Option(help="Most sample lines accepted in one engine page (default 200000).")
     ] = None,
+    follow_redirects: Annotated[
+        str | None,
+        typer.Option(
+            help="Which redirects of an engine to follow: same-origin (to the target's own scheme, host and port; "
+            "the default), none, or any (at most 5 in a row). A refused redirect fails the scrape with "
+            "reason redirect (overrides the --config file's follow_redirects)."
+        ),
+    ] = None,
     grace: Annotated[
         float, typer.Option(help="On SIGTERM or SIGINT, seconds to let the scrapes being served finish.")
     ] = 5.0,
@@ -260,10 +269,11 @@ def serve(
     settings = load_settings()
     registry = builtin_registry()
     options = parse_engine_options(engine_option)
-    limits: dict[str, float | int | None] = {
+    limits: dict[str, object] = {
         "timeout_seconds": timeout,
         "max_body_bytes": max_body_bytes,
         "max_samples": max_samples,
+        "follow_redirects": follow_redirects,
     }
     cfg = _serve_config(registry, config, target, engine, listen, model, options, limits)
     exporter = Exporter(config=cfg, registry=registry, vocabulary=settings.vocabulary())

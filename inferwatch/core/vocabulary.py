@@ -99,6 +99,8 @@ SCRAPE_ERROR_TRUNCATED: Final = "truncated"
 SCRAPE_ERROR_DUPLICATE_SERIES: Final = "duplicate_series"
 SCRAPE_ERROR_NON_FINITE: Final = "non_finite"
 SCRAPE_ERROR_INVALID: Final = "invalid"
+SCRAPE_ERROR_REDIRECT: Final = "redirect"
+"""a redirect the exporter does not follow: to another origin (by default), or one too many."""
 SCRAPE_ERROR_INTERNAL: Final = "internal"
 SCRAPE_ERROR_REASONS: Final[tuple[str, ...]] = (
     SCRAPE_ERROR_TIMEOUT,
@@ -110,8 +112,13 @@ SCRAPE_ERROR_REASONS: Final[tuple[str, ...]] = (
     SCRAPE_ERROR_DUPLICATE_SERIES,
     SCRAPE_ERROR_NON_FINITE,
     SCRAPE_ERROR_INVALID,
+    SCRAPE_ERROR_REDIRECT,
     SCRAPE_ERROR_INTERNAL,
 )
+
+PROXY_SERVICE: Final = "inferwatch-proxy"
+"""The OTLP ``service.name`` of ``inferwatch proxy``'s spans (its default): the collector tells the proxy's rows
+(the client's side of a request) from the engine's own by it, and counts one side at a time."""
 
 UNKNOWN: Final = "unknown"
 TRUE: Final = "true"
@@ -443,7 +450,8 @@ EXPORTER_LAST_SCRAPE_ERROR: Final = MetricSpec(
     "http_status (not HTTP 200), body_too_large (over the body limit after decompression), "
     "too_many_samples (over the sample-line limit), truncated (the page does not end with a newline), "
     "duplicate_series (a series twice in one page), non_finite (a counter or histogram sample is NaN "
-    "or infinite), invalid (not Prometheus text, or a malformed line), internal (an exporter bug).",
+    "or infinite), invalid (not Prometheus text, or a malformed line), redirect (a redirect the exporter "
+    "does not follow: to another scheme, host or port by default, or more than 5), internal (an exporter bug).",
     labels=(LABEL_TARGET, LABEL_REASON),
     health=True,
 )

@@ -282,7 +282,7 @@ DELIVERY_ATTEMPTS_TABLE: Final = Table(
 )
 
 
-# --- stats rollups: per minute and per hour, per (engine, model, instance) -----------------------------------------
+# --- stats rollups: per minute, hour and day, per (engine, model, instance, service) ------------------------------
 ROLLUP_FIELDS: Final = (TTFT, TPOT, E2E, QUEUE)
 """The latency columns the rollups sketch (those ``/api/v1/stats`` reports)."""
 
@@ -295,6 +295,7 @@ ROLLUP_TABLE: Final = Table(
     Column("engine", String, nullable=False),
     Column("model", String),
     Column("instance", String),
+    Column("service", String),
     Column("requests", BigInteger, nullable=False),
     Column("failed", BigInteger, nullable=False),
     Column(PROMPT_TOKENS, BigInteger, nullable=False),
@@ -309,9 +310,9 @@ ROLLUP_TABLE: Final = Table(
     Index("ix_request_rollups_period_seconds", "period_seconds", "period_start"),
 )
 """The requests that ended in one minute (``period_seconds`` 60), one hour (3600) or one day (86400, UTC) of
-one (engine, model, instance): counts, token sums (and how many rows reported them), and per latency column the
-rows with a value and their log-bucket counts (:mod:`inferwatch.collector.sketch`). Maintained from the request
-table by :mod:`inferwatch.collector.rollup`; ``rollup_state`` says up to which row id."""
+one (engine, model, instance, service): counts, token sums (and how many rows reported them), and per latency
+column the rows with a value and their log-bucket counts (:mod:`inferwatch.collector.sketch`). Maintained from
+the request table by :mod:`inferwatch.collector.rollup`; ``rollup_state`` says up to which row id."""
 
 VALUES_TABLE: Final = Table(
     "request_values",

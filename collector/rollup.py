@@ -2,7 +2,7 @@
 
 Off the writer's path: a background thread of each collector (:class:`RollupJob`, started and stopped with
 it) reads the request rows above the watermark (``rollup_state.folded_id``) in id order and adds them to the
-rollups of the minute and the hour each ended in (per engine, model and instance: counts, token sums, and a
+rollups of the minute and the hour each ended in (per engine, model, instance and service: counts, token sums, and a
 log-bucket sketch per latency column, :mod:`inferwatch.collector.sketch`) and to the minute's
 value block (:mod:`inferwatch.collector.values`; ten-minute blocks are built from the minutes once a period
 has ended, and rebuilt when its minutes change), and moves the watermark in the same transaction.
@@ -159,8 +159,8 @@ class Partial(Totals):
         return p
 
 
-Key = tuple[datetime, str, str | None, str | None]
-"""(period start, engine, model, instance)."""
+Key = tuple[datetime, str, str | None, str | None, str | None]
+"""(period start, engine, model, instance, service)."""
 
 
 def minute_key_sql(conn: Connection) -> ColumnElement[Any]:
@@ -180,6 +180,7 @@ def raw_columns(conn: Connection) -> list[Any]:
         t.c.engine,
         t.c.model,
         t.c.instance,
+        t.c.service,
         case((failed_condition(), 1), else_=0).label("failed"),
         t.c[PROMPT_TOKENS],
         t.c[GENERATION_TOKENS],
@@ -197,24 +198,24 @@ def _minute(value: Any) -> datetime:
 def fold_rows(rows: Any) -> dict[Key, Partial]:
     """Per-minute partial aggregates of raw rows (of :func:`raw_columns`)."""
     parts: dict[Any, Partial] = {}
-    for minute, engine, model, instance, failed, pt, gt, *vals in rows:
-        key = (minute, engine, model, instance)
+    for minute, engine, model, instance, service, failed, pt, gt, *vals in rows:
+        key = (minute, engine, model, instance, service)
         p = parts.get(key)
         if p is None:
             p = parts[key] = Partial()
         p.add_row(failed, pt, gt, tuple(vals))
-    return {(_minute(k[0]), k[1], k[2], k[3]): p for k, p in parts.items()}
+    return {(_minute(k[0]), k[1], k[2], k[3], k[4]): p for k, p in parts.items()}
 
 
 def value_blocks(rows: Any) -> dict[datetime, values.Block]:
     """Per minute: the value block of raw rows (of :func:`raw_columns`)."""
     per: dict[Any, values.Block] = {}
     nf = len(ROLLUP_FIELDS)
-    for minute, engine, model, instance, failed, pt, gt, *vals in rows:
+    for minute, engine, model, instance, service, failed, pt, gt, *vals in rows:
         b = per.get(minute)
         if b is None:
             b = per[minute] = values.Block(nf)
-        b.add((engine, model, instance), failed, pt, gt, vals)
+        b.add((engine, model, instance, service), failed, pt, gt, vals)
     return {_minute(k): b for k, b in per.items()}
 
 
@@ -312,10 +313,10 @@ def by_period(minutes: dict[Key, Partial]) -> dict[int, dict[Key, Partial]]:
     """The minute partials, and the same folded into their hours and their days."""
     hours: dict[Key, Partial] = {}
     days: dict[Key, Partial] = {}
-    for (start, e, m, i), p in minutes.items():
+    for (start, e, m, i, svc), p in minutes.items():
         for out, key in (
-            (hours, (start.replace(minute=0), e, m, i)),
-            (days, (start.replace(hour=0, minute=0), e, m, i)),
+            (hours, (start.replace(minute=0), e, m, i, svc)),
+            (days, (start.replace(hour=0, minute=0), e, m, i, svc)),
         ):
             h = out.get(key)
             if h is None:
@@ -332,7 +333,7 @@ def _write(conn: Connection, period: int, parts: dict[Key, Partial]) -> None:
     for i in range(0, len(starts), 500):
         q = select(r).where(r.c.period_seconds == period, r.c.period_start.in_(starts[i : i + 500]))
         for row in conn.execute(q).mappings():
-            key = (row["period_start"], row["engine"], row["model"], row["instance"])
+            key = (row["period_start"], row["engine"], row["model"], row["instance"], row["service"])
             existing[key] = (row["id"], Partial.from_row(row))
     updates, inserts = [], []
     for key, p in parts.items():
@@ -342,7 +343,7 @@ def _write(conn: Connection, period: int, parts: dict[Key, Partial]) -> None:
             updates.append({"rid": old[0], **old[1].row()})
         else:
             inserts.append({"period_seconds": period, "period_start": key[0], "engine": key[1], "model": key[2],
-                            "instance": key[3], **p.row()})  # fmt: skip
+                            "instance": key[3], "service": key[4], **p.row()})  # fmt: skip
     if updates:
         names = [c for c in updates[0] if c != "rid"]
         stmt = update(r).where(r.c.id == bindparam("rid")).values({c: bindparam(f"v_{c}") for c in names})

@@ -27,6 +27,10 @@ IsoDateTime = Annotated[
 """A UTC time, in JSON as ``datetime.isoformat()`` (``+00:00``, not ``Z``)."""
 
 GroupBy = Literal["none", "engine", "model", "instance"]
+Side = Literal["engine", "proxy", "all"]
+"""Which stored rows count: ``engine``, the spans the engines (and any other service) sent; ``proxy``, those of
+``inferwatch proxy`` (service ``inferwatch-proxy``: the client's view of the same requests); ``all``, both (a
+request proxied to an engine that sends spans too is then counted twice)."""
 
 
 class Schema(BaseModel):
@@ -128,6 +132,10 @@ class RequestPage(Schema):
     """requests matching the filters (all pages)."""
     next_cursor: str | None
     """pass as ``cursor`` for the next page; null on the last."""
+    side: Side = "engine"
+    """the rows listed: the engines' (``engine``), inferwatch proxy's (``proxy``) or both (``all``)."""
+    service: str | None = None
+    """only the rows of this ``service.name``; null: any."""
 
 
 class Phase(Schema):
@@ -227,4 +235,9 @@ class Stats(Schema):
     window's rows in the percentiles' buckets),
     ``index`` (exact; those buckets read from the covering latency indexes), ``sketch`` (the rollups' log
     buckets, within ``relative_error``), ``walk`` (exact; index walks, while the rollups are far behind)."""
+    side: Side = "engine"
+    """the rows counted: the engines' (``engine``), inferwatch proxy's (``proxy``), or both (``all``: a request
+    both sent spans for counts twice)."""
+    service: str | None = None
+    """only the rows of this ``service.name``; null: any."""
     data: list[StatsGroup]

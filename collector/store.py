@@ -45,7 +45,7 @@ from sqlalchemy import (
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql.elements import ColumnElement
 
-from inferwatch.collector import db, rollup, sketch, values
+from inferwatch.collector import db, rollup, sides, sketch, values
 from inferwatch.collector.models import REQUEST_TABLE, ROLLUP_STATE_TABLE, ROLLUP_TABLE, VALUES_TABLE
 from inferwatch.collector.schemas import (
     FieldStats,
@@ -53,6 +53,7 @@ from inferwatch.collector.schemas import (
     RequestDetail,
     RequestPage,
     RequestRow,
+    Side,
     Stats,
     StatsGroup,
     StatsPlan,
@@ -166,6 +167,8 @@ class RequestFilter:
     finish_reason: str | None = None
     lora_adapter: str | None = None
     service: str | None = None
+    side: Side = "all"
+    """whose rows (:mod:`inferwatch.collector.sides`); the read API asks for the engine side by default."""
     since: datetime | None = None
     until: datetime | None = None
     min_ttft: float | None = None
@@ -191,6 +194,9 @@ class RequestFilter:
             )
             if value is not None
         ]
+        side = sides.condition(self.side, t.c.service)
+        if side is not None:
+            conds.append(side)
         if self.since is not None:
             conds.append(t.c.start_time >= self.since)
         if self.until is not None:
@@ -227,7 +233,13 @@ def list_requests(
         rows = [RequestRow.model_validate(dict(r)) for r in conn.execute(q).mappings()]
         count = int(conn.execute(c).scalar_one())
     more = len(rows) > limit
-    return RequestPage(data=rows[:limit], count=count, next_cursor=encode_cursor(offset + limit) if more else None)
+    return RequestPage(
+        data=rows[:limit],
+        count=count,
+        next_cursor=encode_cursor(offset + limit) if more else None,
+        side=filters.side,
+        service=filters.service,
+    )
 
 
 def _with_phases(row: RowMapping) -> RequestDetail:
@@ -300,11 +312,15 @@ TAIL_LIMIT: Final = 250_000
 
 @dataclass(frozen=True, kw_only=True)
 class StatsFilter:
-    """Which requests the stats count; None: no condition. Text with a NUL character is refused."""
+    """Which requests the stats count; None: no condition. Text with a NUL character is refused. ``side``: the
+    engine's rows, the proxy's or both (:mod:`inferwatch.collector.sides`); a key of the rollups, as ``service``
+    is, so every plan stays exact under it."""
 
     engine: str | None = None
     model: str | None = None
     instance: str | None = None
+    service: str | None = None
+    side: Side = sides.DEFAULT_SIDE
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -313,7 +329,15 @@ class StatsFilter:
                 raise InvalidFilter(f"{f.name} must not contain a NUL character")
 
     def items(self) -> list[tuple[str, str]]:
-        return [(f.name, getattr(self, f.name)) for f in fields(self) if getattr(self, f.name) is not None]
+        """The columns that must equal a value (the side is :meth:`side_sql`)."""
+        return [
+            (f.name, getattr(self, f.name))
+            for f in fields(self)
+            if f.name != "side" and getattr(self, f.name) is not None
+        ]
+
+    def side_sql(self, placeholder: str) -> str | None:
+        return sides.sql(self.side, placeholder)
 
 
 @dataclass(slots=True)
@@ -377,6 +401,9 @@ class _Window:
         if self.bounded:
             out.append(t.c.id <= self.newest)
         out.extend(t.c[name] == value for name, value in filters.items())
+        side = sides.condition(filters.side, t.c.service)
+        if side is not None:
+            out.append(side)
         return out
 
 
@@ -501,6 +528,10 @@ def _rollup_aggs(
         parts = []
         fsql = "".join(f" AND {name} = %(f_{name})s" for name, _ in filters.items())
         params.update({f"f_{name}": value for name, value in filters.items()})
+        side_sql = filters.side_sql(f"%({sides.PARAM})s")
+        if side_sql is not None:
+            fsql += f" AND {side_sql}"
+            params.update(sides.PARAMS)
         for k, (period, a, b) in enumerate(periods):
             params.update({f"p{k}": period, f"a{k}": a, f"b{k}": b})
             until = "" if b is None else f" AND period_start < %(b{k})s"
@@ -516,6 +547,9 @@ def _rollup_aggs(
             cur.close()
     else:
         fcond = [r.c[name] == value for name, value in filters.items()]
+        side = sides.condition(filters.side, r.c.service)
+        if side is not None:
+            fcond.append(side)
         for period, a, b in periods:
             conds = [r.c.period_seconds == period, r.c.period_start >= a, *fcond]
             if b is not None:
@@ -668,6 +702,10 @@ def _pick_by_index(
     for name, value in filters.items():
         params[f"f_{name}"] = value
         where.append(f"{name} = :f_{name}")
+    side_sql = filters.side_sql(f":{sides.PARAM}")
+    if side_sql is not None:
+        where.append(side_sql)
+        params.update(sides.PARAMS)
     key_names: dict[Any, str] = {}
     for key in aggs:
         if key is not None:
@@ -855,7 +893,7 @@ def _exact_entries(groups: dict[Any, list[Any]]) -> list[dict[str, Any]]:
     return entries
 
 
-_SERIES_INDEX: Final = {"engine": 0, "model": 1, "instance": 2}
+_SERIES_INDEX: Final = {"engine": 0, "model": 1, "instance": 2, "service": 3}
 
 
 def _values(
@@ -870,8 +908,10 @@ def _values(
     gi = None if group_by == "none" else _SERIES_INDEX[group_by]
     wanted = [(_SERIES_INDEX[name], value) for name, value in filters.items()]
 
+    side = filters.side
+
     def group_of(k: values.SeriesKey) -> Any:
-        if any(k[i] != value for i, value in wanted):
+        if any(k[i] != value for i, value in wanted) or not sides.keeps(side, k[3]):
             return values.LEFT_OUT
         return None if gi is None else k[gi]
 
@@ -932,6 +972,10 @@ def _pg_blocks_and_edges(
     for k, (name, value) in enumerate(filters.items()):
         where.append(f"{name} = %(f{k})s")
         params[f"f{k}"] = value
+    side_sql = filters.side_sql(f"%({sides.PARAM})s")
+    if side_sql is not None:
+        where.append(side_sql)
+        params.update(sides.PARAMS)
     head = f"SELECT NULL::text, NULL::bytea, NULL::bytea, {', '.join(cols)} FROM {t} WHERE " + "".join(
         f"{c} AND " for c in where
     )
@@ -1209,7 +1253,8 @@ def compute_stats(
             folded = st.folded
             if ids[1] is None or ids[0] is None:
                 _end_read(conn)
-                return Stats(window_seconds=seconds, since=start, until=end, group_by=group_by, plan="scan", data=[])
+                return Stats(window_seconds=seconds, since=start, until=end, group_by=group_by, plan="scan",
+                             side=filters.side, service=filters.service, data=[])  # fmt: skip
             w = _Window(start=start, end=end, newest=int(ids[1]), bounded=False)  # one snapshot on both back ends
             chosen = plan or "scan"
             if plan is None and mode != "sketch":
@@ -1267,7 +1312,8 @@ def compute_stats(
                 "rate_per_second": good_n / seconds,
             }
         groups.append(StatsGroup.model_validate(e))
-    return Stats(window_seconds=seconds, since=start, until=end, group_by=group_by, plan=chosen, data=groups)
+    return Stats(window_seconds=seconds, since=start, until=end, group_by=group_by, plan=chosen,
+                 side=filters.side, service=filters.service, data=groups)  # fmt: skip
 
 
 def _end_read(conn: Connection) -> None:

@@ -3,7 +3,7 @@
 The rollups' sketches locate a percentile within 1%; a small window's exact percentiles need the values
 themselves, and reading them row by row from the request table costs as much as sorting them (a row of the
 table is ~700 bytes; its four latencies are 32). A block holds one minute's requests compactly: ``series``
-(JSON, the sorted ``[engine, model, instance]`` keys), ``counts`` (int64, row-major by quantity: for each of
+(JSON, the sorted ``[engine, model, instance, service]`` keys), ``counts`` (int64, row-major by quantity: for each of
 :data:`TOTALS` and then each field, one number per series: ``counts[k * S + s]``) and ``vals`` (float64,
 field-major, each series' values of a field sorted). Both arrays little-endian. A window then reads one row
 per minute (or ten), gathers each group's values and picks their nearest ranks. Maintained with the rollups, in
@@ -29,8 +29,8 @@ from typing import Any, Final
 import numpy as np
 import numpy.typing as npt
 
-SeriesKey = tuple[str, str | None, str | None]
-"""(engine, model, instance)."""
+SeriesKey = tuple[str, str | None, str | None, str | None]
+"""(engine, model, instance, service)."""
 
 _SWAP: Final = sys.byteorder != "little"
 TOTALS: Final = ("requests", "failed", "prompt_tokens", "prompt_count", "generation_tokens", "generation_count")
@@ -38,8 +38,8 @@ TOTALS: Final = ("requests", "failed", "prompt_tokens", "prompt_count", "generat
 NT: Final = len(TOTALS)
 
 
-def _sort_key(k: SeriesKey) -> tuple[str, str, str, bool, bool]:
-    return (k[0], k[1] or "", k[2] or "", k[1] is None, k[2] is None)
+def _sort_key(k: SeriesKey) -> tuple[str, str, str, str, bool, bool, bool]:
+    return (k[0], k[1] or "", k[2] or "", k[3] or "", k[1] is None, k[2] is None, k[3] is None)
 
 
 class Block:
@@ -119,7 +119,8 @@ class Block:
 
 
 def keys_of(series: str) -> list[SeriesKey]:
-    return [(str(k[0]), k[1], k[2]) for k in json.loads(series)]
+    # a block written before the service was a key (migration 0007 empties them) reads as of no service
+    return [(str(k[0]), k[1], k[2], k[3] if len(k) > 3 else None) for k in json.loads(series)]
 
 
 @functools.lru_cache(maxsize=4096)

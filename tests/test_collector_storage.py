@@ -234,7 +234,7 @@ def test_alembic_config_needs_no_ini() -> None:
     cfg = db.alembic_config("sqlite://")
     assert cfg.config_file_name is None
     assert Path(cfg.get_main_option("script_location") or "").joinpath("env.py").is_file()
-    assert db.head_revision() == "0006"
+    assert db.head_revision() == "0007"
 
 
 # --- inserts ---------------------------------------------------------------------------------------------------------

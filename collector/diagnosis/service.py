@@ -30,6 +30,7 @@ from inferwatch.collector.diagnosis.report import (
 )
 from inferwatch.collector.diagnosis.signals import Filters, Fleet, TargetKey, TargetSignals, UpstreamError
 from inferwatch.collector.diagnosis.slos import SloReport, read_slos
+from inferwatch.collector.schemas import Side
 from inferwatch.core import vocabulary as V
 from inferwatch.core.capacity import CapacityError, ModelShape, Plan, plan_capacity, supported_concurrency
 from inferwatch.core.engines.launch import LaunchConfig, parse_launch
@@ -48,6 +49,8 @@ EXAMPLE_SORT: Final[dict[Symptom, tuple[str, str | None]]] = {
     Symptom.STREAMS_ABORTED: ("start_time", V.OUTCOME_ABORT),
 }
 """how a finding's example requests are picked: the column sorted on, and a finish reason to match."""
+EXAMPLE_SIDES: Final[tuple[Side, ...]] = ("engine", "proxy")
+"""where a finding's example requests come from, in order: the first side that has some (never both)."""
 
 
 class NotConfigured(RuntimeError):
@@ -125,14 +128,22 @@ class OnCall:
 
     @staticmethod
     def _examples(result: Diagnosis, engine: Engine, since: datetime, limit: int) -> None:
+        """Each finding's example requests from one side: the engine's rows, or inferwatch proxy's where the
+        engine sent none (a request both sent spans for is stored twice, and would be shown twice)."""
         for finding in result.findings:
             name, reason = EXAMPLE_SORT[finding.symptom]
             column = cast("store.SortField", name)
-            base = store.RequestFilter(engine=finding.engine, model=finding.model, finish_reason=reason, since=since)
-            found = store.slowest_requests(engine=engine, filters=base, sort=column, limit=limit)
-            if not found:  # spans may carry no model name (vLLM's do not): match the engine alone
-                base = store.RequestFilter(engine=finding.engine, finish_reason=reason, since=since)
-                found = store.slowest_requests(engine=engine, filters=base, sort=column, limit=limit)
+            found = []
+            for side in EXAMPLE_SIDES:
+                for model in (finding.model, None):  # spans may carry no model name (vLLM's do not)
+                    base = store.RequestFilter(
+                        engine=finding.engine, model=model, finish_reason=reason, since=since, side=side
+                    )
+                    found = store.slowest_requests(engine=engine, filters=base, sort=column, limit=limit)
+                    if found:
+                        break
+                if found:
+                    break
             finding.example_requests = found
 
     async def checklist(

@@ -1,7 +1,8 @@
 """``/api/v1/requests``: the stored requests (filter, sort, page) and one request's phase breakdown.
 
 Errors: a malformed parameter is a 400 (or FastAPI's 422) naming it, never a 500; a database that
-cannot be reached or does not answer within its timeouts is a 503 naming the problem.
+cannot be reached or does not answer within its timeouts is a 503 naming the problem, with ``Retry-After``
+(:func:`unavailable`, shared by every route that reads the store).
 """
 
 from __future__ import annotations
@@ -13,15 +14,20 @@ from typing import Annotated, Any, Final, TypeVar
 
 from fastapi import APIRouter, Depends, HTTPException, Query
 
-from inferwatch.collector import db, store
+from inferwatch.collector import db, sides, store
 from inferwatch.collector.deps import READ_RESPONSES, CollectorDep, EngineDep, require_read
-from inferwatch.collector.schemas import ErrorBody, RequestDetail, RequestDetails, RequestPage
+from inferwatch.collector.routes.otlp import RETRY_AFTER_SECONDS
+from inferwatch.collector.schemas import ErrorBody, RequestDetail, RequestDetails, RequestPage, Side
 from inferwatch.collector.service import Collector
 
 T = TypeVar("T")
 
 DB_RESPONSES: Final[dict[int | str, dict[str, Any]]] = {
-    503: {"model": ErrorBody, "description": "The database cannot be reached or did not answer in time"},
+    503: {
+        "model": ErrorBody,
+        "description": "The database cannot be reached or did not answer in time",
+        "headers": {"Retry-After": {"description": "seconds", "schema": {"type": "string"}}},
+    },
 }
 """What a route reading the store may answer when the database is unavailable."""
 MAX_TIME_CHARS: Final = 64
@@ -45,7 +51,13 @@ async def query(fn: Callable[..., T], *, collector: Collector, **kwargs: Any) ->
     try:
         return await asyncio.to_thread(run)
     except store.DatabaseUnavailable as exc:
-        raise HTTPException(status_code=503, detail=str(exc)) from None
+        raise unavailable(exc) from None
+
+
+def unavailable(exc: store.DatabaseUnavailable) -> HTTPException:
+    """The 503 of a database that cannot be reached or did not answer in time: the problem, and ``Retry-After``
+    (the seconds OTLP's backpressure answers give too)."""
+    return HTTPException(status_code=503, detail=str(exc), headers={"Retry-After": RETRY_AFTER_SECONDS})
 
 
 def parse_time(value: str | None, name: str) -> datetime | None:
@@ -76,6 +88,14 @@ async def list_requests(
     service: Annotated[
         str | None, Query(description="only requests whose spans came from this service (e.g. inferwatch-proxy)")
     ] = None,
+    side: Annotated[
+        Side | None,
+        Query(
+            description="engine: the engines' rows (every service but inferwatch-proxy); proxy: inferwatch "
+            "proxy's; all: both (a request both sent spans for is listed twice). Default: engine, or all with "
+            "`service`"
+        ),
+    ] = None,
     since: Annotated[str | None, Query(description="ISO 8601 start of the time range")] = None,
     until: Annotated[str | None, Query(description="ISO 8601 end of the time range")] = None,
     min_ttft: Annotated[float | None, Query(ge=0, allow_inf_nan=False, description="seconds")] = None,
@@ -85,7 +105,9 @@ async def list_requests(
     limit: Annotated[int, Query(ge=1, le=1000)] = 50,
     cursor: str | None = None,
 ) -> RequestPage:
-    """Stored requests, newest (or slowest, with ``sort``) first; ``count`` is the total matching."""
+    """Stored requests, newest (or slowest, with ``sort``) first; ``count`` is the total matching. By default
+    the engines' rows only (a request proxied by inferwatch proxy to an engine that sends spans too is stored
+    twice): ``side`` and ``service`` pick others, and the answer says which were listed."""
     try:
         filters = store.RequestFilter(
             engine=llm_engine,
@@ -94,6 +116,7 @@ async def list_requests(
             finish_reason=finish_reason,
             lora_adapter=lora_adapter,
             service=service,
+            side=sides.effective(side, service),
             since=parse_time(since, "since"),
             until=parse_time(until, "until"),
             min_ttft=min_ttft,

@@ -6,11 +6,11 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, HTTPException, Query
 
-from inferwatch.collector import store
+from inferwatch.collector import sides, store
 from inferwatch.collector.config import parse_duration
 from inferwatch.collector.deps import READ_RESPONSES, CollectorDep, StatsEngineDep, require_read
 from inferwatch.collector.routes.requests import DB_RESPONSES, parse_time, query
-from inferwatch.collector.schemas import ErrorBody, GroupBy, Stats
+from inferwatch.collector.schemas import ErrorBody, GroupBy, Side, Stats
 from inferwatch.collector.store import StatsMode
 from inferwatch.core.schema import E2E, QUEUE, TPOT, TTFT
 
@@ -36,6 +36,16 @@ async def stats(
     llm_engine: Annotated[str | None, Query(alias="engine", description="only this engine's requests")] = None,
     model: Annotated[str | None, Query(description="only this model's requests")] = None,
     instance: Annotated[str | None, Query(description="only this instance's requests")] = None,
+    service: Annotated[
+        str | None, Query(description="only the rows of this OTLP service.name (e.g. inferwatch-proxy)")
+    ] = None,
+    side: Annotated[
+        Side | None,
+        Query(
+            description="engine: the engines' rows (every service but inferwatch-proxy); proxy: inferwatch "
+            "proxy's; all: both (a request both sent spans for counts twice). Default: engine, or all with `service`"
+        ),
+    ] = None,
     since: Annotated[
         str | None, Query(description="ISO 8601: the requests that finished at or after this (instead of `window`)")
     ] = None,
@@ -58,6 +68,11 @@ async def stats(
 
     A request is good when it did not fail and each given SLO holds (TPOT of single-token outputs
     counts as 0): vLLM's benchmark definition of goodput.
+
+    One side at a time: where both an engine and inferwatch proxy send spans, each proxied request is stored
+    twice (the proxy's row has service ``inferwatch-proxy``). By default only the engines' rows count (each
+    request once); ``side=proxy`` counts the proxy's (the client's view), ``service`` one service's, ``side=all``
+    both. ``side`` and ``service`` in the answer say which rows were counted.
     """
     try:
         delta = parse_duration(window)
@@ -76,7 +91,9 @@ async def stats(
     if start is not None and end is not None and end <= start:
         raise HTTPException(status_code=400, detail="until must be after since")
     try:
-        filters = store.StatsFilter(engine=llm_engine, model=model, instance=instance)
+        filters = store.StatsFilter(
+            engine=llm_engine, model=model, instance=instance, service=service, side=sides.effective(side, service)
+        )
     except store.InvalidFilter as exc:
         raise HTTPException(status_code=400, detail=str(exc)) from None
     return await query(

@@ -41,12 +41,20 @@ UID = links.UID_REQUESTS
 SLOWEST_LIMIT = 50
 
 
+ENGINE_SIDE_NOTE = (
+    "The engines' own rows: where inferwatch proxy sends spans too, its rows (the client's view of the same "
+    f"requests, service {V.PROXY_SERVICE}) are left out, so each request counts once."
+)
+
+
 def sql_filter() -> str:
-    """Time range and the engine/model variables (anchored regexes like Prometheus')."""
+    """Time range, the engine/model variables (anchored regexes like Prometheus') and the engine side: the
+    proxy's rows of the same requests are not added to the engine's (the collector's ``side=engine``)."""
     return (
         "$__timeFilter(start_time)"
         f" AND engine ~ '^(${{{VAR_ENGINE}:regex}})$'"
         f" AND coalesce(model, '') ~ '^(${{{VAR_MODEL}:regex}})$'"
+        f" AND coalesce(service, '') <> '{V.PROXY_SERVICE}'"
     )
 
 
@@ -98,7 +106,7 @@ def board() -> DashboardSpec:
         Panel(
             "Slowest requests",
             f"The {SLOWEST_LIMIT} slowest requests in the time range (by end-to-end duration) from the collector's "
-            f"{TABLE_NAME} table, with their queue, prefill and decode breakdown.",
+            f"{TABLE_NAME} table, with their queue, prefill and decode breakdown. {ENGINE_SIDE_NOTE}",
             UNIT_NONE,
             (),
             TABLE,
@@ -111,7 +119,7 @@ def board() -> DashboardSpec:
         Panel(
             "P99 TTFT exact (from rows)",
             "P99 time to first token over the time range computed from the stored requests with percentile_disc: "
-            "exact, unlike the histogram estimate beside it.",
+            f"exact, unlike the histogram estimate beside it. {ENGINE_SIDE_NOTE}",
             UNIT_SECONDS,
             (),
             TABLE,
@@ -143,7 +151,7 @@ def board() -> DashboardSpec:
         ),
         Panel(
             "P99 TTFT exact over time",
-            "P99 time to first token per time interval from the stored requests (percentile_disc).",
+            f"P99 time to first token per time interval from the stored requests (percentile_disc). {ENGINE_SIDE_NOTE}",
             UNIT_SECONDS,
             (),
             TIMESERIES,

@@ -16,6 +16,7 @@ from fastapi import FastAPI
 from sqlalchemy import Engine
 
 from inferwatch.collector.config import CollectorSettings
+from inferwatch.collector.headers import SecurityHeaders
 from inferwatch.collector.rollup import RollupJob
 from inferwatch.collector.routes import alerts, health, oncall, otlp, requests, stats
 from inferwatch.collector.service import build
@@ -61,4 +62,7 @@ def create_app(settings: CollectorSettings, engine: Engine | None = None, start_
     app.include_router(alerts.webhook_router, prefix=API_PREFIX)
     app.include_router(alerts.api_router, prefix=API_PREFIX)
     app.include_router(alerts.page_router)
+    # nosniff and no-referrer on every answer; a policy that allows no framing on every HTML answer
+    docs = (app.docs_url, app.redoc_url, app.swagger_ui_oauth2_redirect_url)
+    app.add_middleware(SecurityHeaders, docs_paths=[p for p in docs if p])
     return app

@@ -1,7 +1,10 @@
 """What a receiver gets: the enriched incident (format ``json``) and its Slack rendering (``slack``).
 
 :class:`IncidentMessage` is the documented JSON schema (``docs/alerts.md``); ``/openapi.json`` has it
-too, as the incident read API returns its parts.
+too, as the incident read API returns its parts. A JSON receiver gets every string as the alert said it;
+the Slack rendering escapes every text by Slack's rules (:mod:`~inferwatch.collector.alerting.markup`), so
+the only links and mentions in it are the links built here: the incident page, an http(s) runbook, the
+dashboards.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from inferwatch.collector.alerting.markup import slack_link, slack_text, web_url
 from inferwatch.collector.diagnosis.report import Finding
 from inferwatch.collector.schemas import RequestDetail
 
@@ -77,47 +81,50 @@ DEFAULT_COLOUR = "#616161"
 
 
 def slack_body(message: IncidentMessage) -> dict[str, Any]:
-    """A Slack incoming-webhook message: title, severity colour, summary, top finding, remedy, links."""
+    """A Slack incoming-webhook message: title, severity colour, summary, top finding, remedy, links.
+
+    Every text is escaped (:func:`~inferwatch.collector.alerting.markup.slack_text`); the links are
+    :func:`~inferwatch.collector.alerting.markup.slack_link`, so a URL that is not http(s) is shown as text.
+    """
     resolved = message.event == "resolved"
     colour = RESOLVED_COLOUR if resolved else SEVERITY_COLOURS.get(message.severity or "", DEFAULT_COLOUR)
     state = "RESOLVED" if resolved else (message.severity or "firing").upper()
-    title = f"[{state}] {message.title}"
+    title = slack_text(f"[{state}] {message.title}")
     fields: list[dict[str, Any]] = []
     finding = message.top_finding
     if finding is not None and not resolved:
         where = f"{finding.engine} / {finding.model} @ {finding.instance}"
         fields.append(
             {
-                "title": f"Finding: {finding.symptom.value} ({finding.severity.value})",
-                "value": f"{finding.summary}\n{where}",
+                "title": slack_text(f"Finding: {finding.symptom.value} ({finding.severity.value})"),
+                "value": slack_text(f"{finding.summary}\n{where}"),
                 "short": False,
             }
         )
-        fields.append({"title": "Likely cause", "value": finding.cause, "short": False})
+        fields.append({"title": "Likely cause", "value": slack_text(finding.cause), "short": False})
     if message.remedy and not resolved:
-        fields.append({"title": "Remedy", "value": message.remedy, "short": False})
+        fields.append({"title": "Remedy", "value": slack_text(message.remedy), "short": False})
     if message.enrichment.example_requests and not resolved:
         slowest = message.enrichment.example_requests[0]
         e2e = f"{slowest.request_duration:.2f} s" if slowest.request_duration is not None else "?"
-        fields.append(
-            {"title": "Slowest request", "value": f"{slowest.request_id or slowest.trace_id}: {e2e}", "short": True}
-        )
+        value = slack_text(f"{slowest.request_id or slowest.trace_id}: {e2e}")
+        fields.append({"title": "Slowest request", "value": value, "short": True})
     links = []
     if message.incident_url:
-        links.append(f"<{message.incident_url}|Incident page>")
+        links.append(slack_link(message.incident_url, "Incident page"))
     if message.enrichment.runbook_url:
-        links.append(f"<{message.enrichment.runbook_url}|Runbook>")
-    links += [f"<{d.url}|{d.title}>" for d in message.enrichment.dashboards]
+        links.append(slack_link(message.enrichment.runbook_url, "Runbook"))
+    links += [slack_link(d.url, d.title) for d in message.enrichment.dashboards]
     if links:
         fields.append({"title": "Links", "value": " · ".join(links), "short": False})
     attachment: dict[str, Any] = {
         "color": colour,
         "title": title,
-        "text": message.summary,
+        "text": slack_text(message.summary),
         "fields": fields,
         "footer": f"inferwatch incident {message.incident_id}",
         "ts": int((message.resolved_at if resolved and message.resolved_at else message.opened_at).timestamp()),
     }
-    if message.incident_url:
+    if web_url(message.incident_url):
         attachment["title_link"] = message.incident_url
     return {"text": title, "attachments": [attachment]}

@@ -2,16 +2,26 @@
 
 What fired and since when, the diagnosis with its evidence, the slowest requests with their phase
 breakdown, the remedy, and links to the dashboards and the runbook; then the alerts, the timeline
-and where the notifications went. Every value is escaped.
+and where the notifications went.
+
+The page runs nothing, whatever the alerts say: every value is HTML-escaped (quotes too, for the values in
+attributes), a URL becomes a link only when it is an absolute http or https URL
+(:func:`~inferwatch.collector.alerting.markup.web_url`; anything else is shown as text), and the route sends
+:data:`CONTENT_SECURITY_POLICY`: nothing but the page's own ``<style>`` element, allowed by its hash, so
+the page has no ``style`` attribute (the phase bars' colours and widths are classes), no script, no image.
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import math
 import re
 from datetime import UTC, datetime
 from html import escape
 from typing import Final
 
+from inferwatch.collector.alerting.markup import web_url
 from inferwatch.collector.alerting.views import IncidentDetail
 from inferwatch.collector.diagnosis.report import Finding
 from inferwatch.collector.schemas import RequestDetail
@@ -19,7 +29,8 @@ from inferwatch.collector.schemas import RequestDetail
 FLAG: Final = re.compile(r"(?<![\w-])--[a-z0-9][a-z0-9-]*(?:[= ][a-z0-9.]+(?=\)))?")
 """an engine's command-line flag in a remedy (with its value when one closes the parentheses)."""
 PHASE_COLOURS: Final = {"queue": "#e53935", "prefill": "#fb8c00", "decode": "#1e88e5", "other": "#9e9e9e"}
-STYLE: Final = """
+STYLE: Final = (
+    """
 *{box-sizing:border-box}body{font:15px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0;
 color:#1b1b1b;background:#f6f7f9}main{max-width:760px;margin:0 auto;padding:12px}
 h1{font-size:1.3em;margin:.2em 0 .4em}h2{font-size:1.05em;margin:1.4em 0 .5em;border-bottom:1px solid #ddd}
@@ -34,6 +45,18 @@ td,th{text-align:left;padding:3px 6px;border-bottom:1px solid #eee;vertical-alig
 a{color:#1565c0}.labels span{display:inline-block;background:#eceff1;border-radius:4px;padding:0 6px;margin:2px;
 font-size:.85em}
 """
+    + "".join(
+        f".phase-{name}{{background:{colour}}}.key-{name}{{color:{colour}}}" for name, colour in PHASE_COLOURS.items()
+    )
+    + "".join(f".w{i}{{width:{i}%}}" for i in range(101))
+)
+"""the page's only style: the phase bars' colours and widths (whole percent) are classes of it."""
+CONTENT_SECURITY_POLICY: Final = (
+    "default-src 'none'; "
+    f"style-src 'sha256-{base64.b64encode(hashlib.sha256(STYLE.encode()).digest()).decode()}'; "
+    "base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+)
+"""the incident page's policy: its ``<style>`` element (by hash) and nothing else; it may not be framed."""
 
 
 def _ago(when: datetime, now: datetime) -> str:
@@ -57,6 +80,24 @@ def _labels(labels: dict[str, str]) -> str:
         + "".join(f"<span>{escape(k)}={escape(v)}</span>" for k, v in sorted(labels.items()))
         + "</div>"
     )
+
+
+def _link(url: str | None, text: str) -> str:
+    """A link to ``url`` when it is an http(s) URL; otherwise the text and the URL, as text.
+
+    ``rel="noreferrer"`` as well as the ``Referrer-Policy`` header: the page's address holds its signed key.
+    """
+    target = web_url(url)
+    if target is None:
+        return f'{escape(text)}: <code>{escape(url or "")}</code> <span class="muted">(not an http(s) URL)</span>'
+    return f'<a rel="noreferrer" href="{escape(target)}">{escape(text)}</a>'
+
+
+def _width(share: float | None) -> int:
+    """A phase's share as a whole percent from 0 to 100 (the ``w<n>`` class of its bar)."""
+    if share is None or not math.isfinite(share):
+        return 0
+    return min(100, max(0, round(100 * share)))
 
 
 def _remedy(text: str) -> str:
@@ -92,8 +133,8 @@ def _value(value: float, unit: str) -> str:
 def _request(req: RequestDetail) -> str:
     shares = req.phases.model_dump()
     bar = "".join(
-        f'<span style="width:{100 * (shares[name]["share"] or 0):.1f}%;background:{colour}" title="{name}"></span>'
-        for name, colour in PHASE_COLOURS.items()
+        f'<span class="phase-{name} w{_width(shares[name]["share"])}" title="{name}"></span>'
+        for name in PHASE_COLOURS
         if name in shares
     )
     parts = ", ".join(
@@ -138,14 +179,14 @@ def render(detail: IncidentDetail, now: datetime | None = None) -> str:
     body += [_finding(f) for f in findings[:5]]
     if enrichment is not None and enrichment.example_requests:
         body.append("<h2>Slowest requests</h2>")
-        legend = " ".join(f'<span style="color:{c}">■</span> {name}' for name, c in PHASE_COLOURS.items())
+        legend = " ".join(f'<span class="key-{name}">■</span> {name}' for name in PHASE_COLOURS)
         body.append(f'<p class="muted">{legend}</p>')
         body += [_request(r) for r in enrichment.example_requests]
     links = []
     if enrichment is not None and enrichment.runbook_url:
-        links.append(f'<li><a href="{escape(enrichment.runbook_url)}">Runbook</a></li>')
+        links.append(f"<li>{_link(enrichment.runbook_url, 'Runbook')}</li>")
     if enrichment is not None:
-        links += [f'<li><a href="{escape(d.url)}">{escape(d.title)}</a></li>' for d in enrichment.dashboards]
+        links += [f"<li>{_link(d.url, d.title)}</li>" for d in enrichment.dashboards]
     if links:
         body.append("<h2>Links</h2><ul>" + "".join(links) + "</ul>")
     body.append("<h2>Alerts</h2><table><tr><th>alert</th><th>state</th><th>since</th></tr>")

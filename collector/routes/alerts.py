@@ -17,7 +17,7 @@ from fastapi.responses import HTMLResponse
 from inferwatch.collector import store
 from inferwatch.collector.alerting import views
 from inferwatch.collector.alerting.enrich import incident_key
-from inferwatch.collector.alerting.page import render
+from inferwatch.collector.alerting.page import CONTENT_SECURITY_POLICY, render
 from inferwatch.collector.alerting.payload import AmNotification, PayloadError, parse
 from inferwatch.collector.deps import READ_RESPONSES, Bearer, CollectorDep, EngineDep, check_token, require_ingest
 from inferwatch.collector.routes.requests import DB_RESPONSES, parse_time, query
@@ -188,4 +188,4 @@ async def incident_page(
     detail = await _db(views.incident_detail, collector, engine=engine, incident_id=incident_id)
     if detail is None:
         raise HTTPException(status_code=404, detail=f"no incident {incident_id}")
-    return HTMLResponse(render(detail))
+    return HTMLResponse(render(detail), headers={"Content-Security-Policy": CONTENT_SECURITY_POLICY})

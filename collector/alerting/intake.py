@@ -20,7 +20,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, select, text, update
 
-from inferwatch.collector.alerting.payload import AmAlert, AmNotification
+from inferwatch.collector.alerting.payload import ALERTNAME, AmAlert, AmNotification
 from inferwatch.collector.models import ALERTS_TABLE, INCIDENT_EVENTS_TABLE, INCIDENTS_TABLE, NOTIFICATIONS_TABLE
 
 FIRING = "firing"
@@ -28,7 +28,10 @@ RESOLVED = "resolved"
 PENDING = "pending"
 SKIPPED = "skipped"
 SEVERITY_LABEL = "severity"
-ALERTNAME = "alertname"
+MAX_NAMES = 10
+"""Alert names an incident's title or a timeline event lists (then "N more")."""
+MAX_TITLE_CHARS = 1000
+"""Longest title or timeline detail (a notification may carry 1,000 alerts of long names and labels)."""
 
 
 @dataclass
@@ -49,12 +52,22 @@ def _lock_key(group_key: str) -> int:
     return int.from_bytes(hashlib.sha256(group_key.encode()).digest()[:8], "big", signed=True)
 
 
+def _names(names: Sequence[str], sep: str) -> str:
+    """Distinct ``names`` joined by ``sep``: the first :data:`MAX_NAMES`, then how many more."""
+    distinct = sorted(set(names))
+    shown = sep.join(distinct[:MAX_NAMES])
+    return f"{shown}{sep}{len(distinct) - MAX_NAMES} more" if len(distinct) > MAX_NAMES else shown
+
+
+def _cut(text: str) -> str:
+    return text if len(text) <= MAX_TITLE_CHARS else text[: MAX_TITLE_CHARS - 1] + "\u2026"
+
+
 def _title(note: AmNotification) -> str:
-    names = sorted({a.alertname for a in note.alerts if a.alertname})
     labels = {k: v for k, v in note.groupLabels.items() if k != ALERTNAME}
     where = ", ".join(f"{k}={v}" for k, v in sorted(labels.items()))
-    title = " + ".join(names) or "alert"
-    return f"{title} ({where})" if where else title
+    title = _names([a.alertname for a in note.alerts if a.alertname], " + ") or "alert"
+    return _cut(f"{title} ({where})" if where else title)
 
 
 def _severity(alerts: Sequence[AmAlert]) -> str | None:
@@ -169,7 +182,7 @@ class Intaker:
         intake.new_alerts, intake.resolved_alerts = len(new_names), len(resolved_names)
         if new_names and incident_id is not None:
             kind = FIRING if opened_now else "updated"
-            detail = f"{len(new_names)} alert(s) firing: {', '.join(sorted(set(new_names)))}"
+            detail = _cut(f"{len(new_names)} alert(s) firing: {_names(new_names, ', ')}")
             self._event(conn, incident_id, now, kind, detail, None, forward=True)
             intake.events += 1
             if not opened_now:  # more alerts: the enrichment is redone for the new state

@@ -33,6 +33,7 @@ import pytest
 import yaml
 
 from inferwatch.alerts.generate import generate
+from inferwatch.collector.alerting.markup import slack_text
 from inferwatch.core import vocabulary as V
 from inferwatch.core.slo import load
 from tests.conftest import ROOT, free_port, require_tool
@@ -524,9 +525,9 @@ def test_kv_pressure_reaches_the_receivers_enriched(tmp_path: Path, sink: Sink) 
             "the Slack message of the same incident",
         )
         fields = {f["title"]: f["value"] for f in slack["attachments"][0]["fields"]}
-        assert fields.get("Remedy") == message["remedy"], fields
+        assert fields.get("Remedy") == slack_text(message["remedy"]), fields  # Slack's escaping: & < >
         finding = next((v for k, v in fields.items() if k.startswith("Finding: preemptions")), "")
-        assert finding.startswith(top["summary"]), fields
+        assert finding.startswith(slack_text(top["summary"])), fields
 
         detail = stack.incident(message["incident_id"])
         assert detail["enrichment_state"] == "done" and detail["top_finding"] == top["summary"]

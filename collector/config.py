@@ -93,11 +93,32 @@ class CollectorSettings(BaseSettings):
     )
     max_webhook_bytes: int = Field(1 << 20, gt=0, description="Largest Alertmanager webhook body accepted.")
     # --- limits of the receivers (docs/collector.md, "Limits and validation") ----------------------------------
-    body_timeout_seconds: float = Field(
-        10.0, gt=0, le=600, description="Deadline for reading one OTLP/HTTP request body (slower uploads get 408)."
+    header_timeout_seconds: float = Field(
+        10.0,
+        gt=0,
+        le=600,
+        description="Deadline for a request's line and headers, from the connection's opening (or the first byte "
+        "of the next request on a kept connection); slower clients get 408 and are disconnected.",
     )
-    max_connections: int = Field(
-        100, gt=0, description="Concurrent HTTP connections and requests (uvicorn limit_concurrency); beyond: 503."
+    body_timeout_seconds: float = Field(
+        10.0,
+        gt=0,
+        le=600,
+        description="Deadline for reading one request body: the OTLP route answers 408 past it; on any route the "
+        "server closes the connection 1 s later.",
+    )
+    max_requests: int = Field(
+        100,
+        gt=0,
+        description="Requests handled at once (from their headers; those still receiving their body are not "
+        "counted); beyond: 503. GET /healthz is always answered.",
+    )
+    max_connections: int | None = Field(
+        None,
+        gt=0,
+        description="Open HTTP connections, idle and slow ones included; at the cap the one waiting longest for "
+        "its request is closed to make room, and when all have a request in progress the newcomer gets 503 "
+        "(default: the file descriptor limit less 256, at most 16384).",
     )
     keep_alive_timeout_seconds: float = Field(
         15.0,

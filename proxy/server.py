@@ -8,10 +8,12 @@ read of its body is written to the client as soon as it arrives (not decompresse
 Generation requests (:mod:`~inferwatch.proxy.apis`) are measured on the way (:class:`Exchange`).
 
 Faults: upstream refusing or unreachable → 502, no answer within the timeout → 504 (both with a
-JSON body naming the upstream); a stream cut by the upstream is cut for the client too (no final
-chunk); the client going away cancels the handler (aiohttp's handler cancellation), which closes the
-upstream connection, and the engine aborts the request. Request bodies over the limit → 413.
-Bodies are never logged.
+JSON body naming the upstream, ``"side": "upstream"``); the proxy's own exhaustion (no file descriptor
+left to reach the engine, its connection cap reached) → 503 with ``"side": "proxy"``; a stream cut by the
+upstream is cut for the client too (no final chunk); the client going away cancels the handler (aiohttp's
+handler cancellation), which closes the upstream connection, and the engine aborts the request. Request
+bodies over the limit → 413; slow clients (a head or body not received in time) → 408 and closed
+(:mod:`~inferwatch.proxy.limits`). Bodies are never logged.
 """
 
 from __future__ import annotations
@@ -31,7 +33,9 @@ from multidict import CIMultiDict, MultiMapping
 from yarl import URL
 
 from inferwatch.core import vocabulary as V
+from inferwatch.core.connections import connection_cap
 from inferwatch.proxy import apis as A
+from inferwatch.proxy.limits import ConnectionLimits, error_body, exhausted, protocol_factory, request_factory
 from inferwatch.proxy.measure import Exchange
 from inferwatch.proxy.metrics import CONTENT_TYPE, ClientMetrics, registry_for, render
 from inferwatch.proxy.tracing import (
@@ -43,7 +47,7 @@ from inferwatch.proxy.tracing import (
     SpanSink,
     finish_reasons,
 )
-from inferwatch.proxy.upstream import Head, Pool, Upstream, UpstreamError, UpstreamTimeout
+from inferwatch.proxy.upstream import Head, Pool, ProxyExhausted, Upstream, UpstreamError, UpstreamTimeout
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +97,14 @@ class ProxySettings:
     timeout: float = 300.0
     """seconds the upstream may stay silent: until its response starts, and between two reads."""
     max_body_bytes: int = 16 << 20
+    header_timeout: float = 10.0
+    """seconds a client has to send a request's line and headers; then 408 and closed."""
+    body_timeout: float = 30.0
+    """seconds a client has to send a request's body, from its headers; then 408 and closed."""
+    keep_alive_timeout: float = 15.0
+    """seconds an idle client connection is kept."""
+    max_connections: int | None = None
+    """client connections at most (default: what the file descriptor limit allows, two per proxied request)."""
     otlp_endpoint: str | None = None
     otlp_protocol: OtlpProtocol = "http/protobuf"
     service_name: str = "inferwatch-proxy"
@@ -152,13 +164,17 @@ class Proxy:
         )
         loop = asyncio.get_running_loop()
         separate = s.metrics_port is not None
-        main = web.Server(self.handle, handler_cancellation=True, access_log=None)
-        server = await loop.create_server(main, s.host, s.port, backlog=4096)
+        limits = ConnectionLimits(s.header_timeout, s.keep_alive_timeout, s.max_connections or connection_cap(2))
+        main = web.Server(self.handle, handler_cancellation=True, request_factory=request_factory)
+        server = await loop.create_server(
+            protocol_factory(main, loop, limits, access_log=None), s.host, s.port, backlog=4096
+        )
         self._servers.append(server)
         self.port = server.sockets[0].getsockname()[1]
         if separate:
-            local = web.Server(self.handle_local, access_log=None)
-            msrv = await loop.create_server(local, s.metrics_host or s.host, s.metrics_port)
+            local = web.Server(self.handle_local, request_factory=request_factory)
+            factory = protocol_factory(local, loop, limits, access_log=None)
+            msrv = await loop.create_server(factory, s.metrics_host or s.host, s.metrics_port)
             self._servers.append(msrv)
             self.metrics_port = msrv.sockets[0].getsockname()[1]
         if s.discover_models and self.upstream_info.models:
@@ -209,6 +225,8 @@ class Proxy:
         except TimeoutError:
             return False, "upstream did not answer within 2 s"
         except aiohttp.ClientError as exc:
+            if (what := exhausted(exc)) is not None:
+                return False, f"the proxy is {what}"
             return False, f"upstream unreachable: {type(exc).__name__}"
 
     # -- models -----------------------------------------------------------------------------------------------
@@ -286,14 +304,19 @@ class Proxy:
             return b""
         parts: list[bytes] = []
         size = 0
-        while True:
-            part = await request.content.readany()
-            if not part:
-                return b"".join(parts)
-            size += len(part)
-            if size > limit:
-                return self.too_large(limit)
-            parts.append(part)
+        try:
+            async with asyncio.timeout(self.settings.body_timeout):
+                while part := await request.content.readany():
+                    size += len(part)
+                    if size > limit:
+                        return self.too_large(limit)
+                    parts.append(part)
+        except TimeoutError:
+            message = f"request body not received within {self.settings.body_timeout:g} s"
+            resp = web.json_response(error_body(message, "request_timeout", "client"), status=408)
+            resp.force_close()
+            return resp
+        return b"".join(parts)
 
     @staticmethod
     def too_large(limit: int) -> web.StreamResponse:
@@ -320,8 +343,16 @@ class Proxy:
         if self.upstream_ok:
             log.warning("upstream %s: %s", self.settings.upstream_name, message)
             self.upstream_ok = False
-        body = {"error": {"message": message, "type": kind, "upstream": self.settings.upstream_name}}
-        return web.json_response(body, status=status)
+        return web.json_response(
+            error_body(message, kind, "upstream", upstream=self.settings.upstream_name), status=status
+        )
+
+    @staticmethod
+    def exhausted(what: str) -> web.StreamResponse:
+        """503: the proxy itself ran out of ``what`` (not the engine's fault)."""
+        log.warning("the proxy is %s: answering 503", what)
+        body = error_body(f"the proxy is {what}: retry later", "proxy_overloaded", "proxy")
+        return web.json_response(body, status=503, headers={"Retry-After": "1"})
 
     async def forward(self, request: web.BaseRequest, body: bytes) -> web.StreamResponse:
         """Any request but a generation request, through aiohttp's client session."""
@@ -340,6 +371,8 @@ class Proxy:
         except TimeoutError:
             return self.failure(504, "upstream_timeout", f"no answer within {self.settings.timeout:g} s")
         except aiohttp.ClientError as exc:
+            if (what := exhausted(exc)) is not None:
+                return self.exhausted(what)
             return self.failure(502, "upstream_unavailable", f"upstream unreachable ({type(exc).__name__})")
         self.upstream_answers()
         try:
@@ -364,6 +397,9 @@ class Proxy:
         except UpstreamError as exc:
             ex.finish(time.perf_counter(), V.OUTCOME_ERROR, "upstream_unavailable")
             return self.failure(502, "upstream_unavailable", str(exc))
+        except ProxyExhausted as exc:
+            ex.finish(time.perf_counter(), V.OUTCOME_ERROR, "proxy_overloaded")
+            return self.exhausted(str(exc))
         self.upstream_answers()
         try:
             return await self.relay_measured(request, conn, head, ex)

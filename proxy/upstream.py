@@ -17,6 +17,7 @@ longer than the timeout → :class:`UpstreamTimeout`, before the head or between
 from __future__ import annotations
 
 import asyncio
+import errno
 import ssl
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
@@ -25,6 +26,13 @@ from typing import Final, cast
 from multidict import CIMultiDict
 from yarl import URL
 
+EXHAUSTION: Final = {
+    errno.EMFILE: "out of file descriptors (EMFILE: too many open files in the proxy)",
+    errno.ENFILE: "out of file descriptors (ENFILE: too many open files in the system)",
+    errno.ENOBUFS: "out of socket buffers (ENOBUFS)",
+    errno.ENOMEM: "out of memory (ENOMEM)",
+}
+"""The errors of a connection attempt that say the proxy ran out of something, with what ran out."""
 MAX_HEAD_BYTES: Final = 64 << 10
 MAX_IDLE: Final = 256
 IDLE_KEEP_S: Final = 4.0
@@ -47,6 +55,11 @@ class UpstreamError(Exception):
 
 class UpstreamTimeout(UpstreamError):
     """The engine stayed silent for longer than the timeout."""
+
+
+class ProxyExhausted(Exception):
+    """Connecting to the engine failed for want of the proxy's own resources (file descriptors, buffers):
+    the proxy's failure, not the engine's (the message says what ran out)."""
 
 
 class Head:
@@ -397,6 +410,8 @@ class Pool:
         except TimeoutError:
             raise UpstreamTimeout(f"no connection within {self.connect_timeout:g} s") from None
         except OSError as exc:
+            if exc.errno in EXHAUSTION:
+                raise ProxyExhausted(EXHAUSTION[exc.errno]) from None
             raise UpstreamError(f"upstream unreachable ({type(exc).__name__})") from None
         return proto
 

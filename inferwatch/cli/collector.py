@@ -59,7 +59,21 @@ def collector_serve(
         str | None, typer.Option(help="This collector's URL as users reach it, for incident page links.")
     ] = None,
     max_connections: Annotated[
-        int | None, typer.Option(help="Open HTTP connections before new requests get 503 (default 100).")
+        int | None,
+        typer.Option(
+            help="Open HTTP connections, slow and idle ones included; at the cap the one waiting longest for its "
+            "request is closed (default: the file descriptor limit less 256)."
+        ),
+    ] = None,
+    max_requests: Annotated[
+        int | None, typer.Option(help="Requests handled at once before new ones get 503 (default 100).")
+    ] = None,
+    header_timeout: Annotated[
+        float | None,
+        typer.Option(help="Seconds a client has to send a request's line and headers (default 10); then 408."),
+    ] = None,
+    body_timeout: Annotated[
+        float | None, typer.Option(help="Seconds a client has to send a request's body (default 10); then 408.")
     ] = None,
     keep_alive_timeout: Annotated[
         float | None, typer.Option(help="Seconds an idle HTTP keep-alive connection stays open (default 15).")
@@ -99,6 +113,9 @@ def collector_serve(
         grafana_url=grafana_url,
         public_url=public_url,
         max_connections=max_connections,
+        max_requests=max_requests,
+        header_timeout_seconds=header_timeout,
+        body_timeout_seconds=body_timeout,
         keep_alive_timeout_seconds=keep_alive_timeout,
     )
     lock = DataDirLock(settings.data_dir)
@@ -145,21 +162,30 @@ def collector_serve(
 
 
 def uvicorn_config(application: Any, settings: Any, log_level: str = "info") -> Any:
-    """uvicorn's configuration for the collector app: its address and the connection limits of the
-    settings (``max_connections`` → ``limit_concurrency``, ``keep_alive_timeout_seconds`` →
-    ``timeout_keep_alive``; the body deadline is the route's own)."""
+    """uvicorn's configuration for the collector app: its address, and the limits of the settings on uvicorn's
+    httptools protocol (:mod:`inferwatch.collector.slowclients`: header and body deadlines, the connection and
+    request caps; ``keep_alive_timeout_seconds`` → ``timeout_keep_alive``). uvicorn's own ``limit_concurrency``
+    is not used: it counts connections, so slow ones held it."""
     import uvicorn
 
+    from inferwatch.collector.slowclients import HttpLimits, bounded_protocol
     from inferwatch.core.config import parse_listen
+    from inferwatch.core.connections import connection_cap
 
     host, port = parse_listen(settings.listen)
+    limits = HttpLimits(
+        header_timeout=settings.header_timeout_seconds,
+        body_timeout=settings.body_timeout_seconds,
+        max_requests=settings.max_requests,
+        max_connections=settings.max_connections or connection_cap(),
+    )
     return uvicorn.Config(
         application,
         host=host,
         port=port,
         log_level=log_level.lower(),
         lifespan="on",
-        limit_concurrency=settings.max_connections,
+        http=bounded_protocol(limits),
         timeout_keep_alive=settings.keep_alive_timeout_seconds,
     )
 

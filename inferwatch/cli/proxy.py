@@ -28,6 +28,20 @@ def proxy(
         float, typer.Option(help="Seconds the engine may stay silent (before its answer, between chunks).")
     ] = 300.0,
     max_body_bytes: Annotated[int, typer.Option(help="Larger request bodies are refused with 413.")] = 16 << 20,
+    header_timeout: Annotated[
+        float, typer.Option(help="Seconds a client has to send a request's line and headers; then 408.")
+    ] = 10.0,
+    body_timeout: Annotated[
+        float, typer.Option(help="Seconds a client has to send a request's body; then 408.")
+    ] = 30.0,
+    keep_alive_timeout: Annotated[float, typer.Option(help="Seconds an idle client connection is kept.")] = 15.0,
+    max_connections: Annotated[
+        int | None,
+        typer.Option(
+            help="Client connections at most; at the cap the one waiting longest for its request is closed, and "
+            "when all have one in progress newcomers get 503 (default: the file descriptor limit less 256, halved)."
+        ),
+    ] = None,
     otlp_endpoint: Annotated[
         str | None, typer.Option(help="Send one span per request here (e.g. http://127.0.0.1:4318/v1/traces).")
     ] = None,
@@ -52,8 +66,9 @@ def proxy(
     every gap between chunks, duration, outcome (stop, length, abort, error) and tokens, as the
     llm_client_* metrics on /metrics, and one OTLP span each with --otlp-endpoint.
 
-    Faults: engine unreachable: 502; silent for --timeout: 504; a client that goes away has its
-    engine request cancelled.
+    Faults: engine unreachable: 502; silent for --timeout: 504; the proxy out of file descriptors or at
+    --max-connections: 503 (the JSON body says "side": "proxy"); a client slower than --header-timeout or
+    --body-timeout: 408; a client that goes away has its engine request cancelled.
     """
     import gc
 
@@ -66,8 +81,11 @@ def proxy(
         raise fail(str(exc)) from None
     if not upstream.startswith(("http://", "https://")):
         raise fail(f"--upstream must be an http:// or https:// URL, got {upstream!r}")
-    if timeout <= 0 or max_body_bytes <= 0:
-        raise fail("--timeout and --max-body-bytes must be positive")
+    if min(timeout, max_body_bytes, header_timeout, body_timeout, keep_alive_timeout, max_connections or 1) <= 0:
+        raise fail(
+            "--timeout, --max-body-bytes, --header-timeout, --body-timeout, --keep-alive-timeout and "
+            "--max-connections must be positive"
+        )
     setup_logging(log_level)
     settings = ProxySettings(
         upstream=upstream,
@@ -77,6 +95,10 @@ def proxy(
         model=model,
         timeout=timeout,
         max_body_bytes=max_body_bytes,
+        header_timeout=header_timeout,
+        body_timeout=body_timeout,
+        keep_alive_timeout=keep_alive_timeout,
+        max_connections=max_connections,
         otlp_endpoint=otlp_endpoint,
         otlp_protocol=otlp_protocol,
         service_name=service_name,

@@ -11,9 +11,11 @@ generated Grafana dashboards with the alert's labels as template variables.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import hmac
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Final, cast
@@ -88,8 +90,11 @@ async def enrich(
     incident: Mapping[str, Any],
     alerts: Sequence[Mapping[str, Any]],
     settings: LinkSettings,
+    *,
+    executor: Executor | None = None,
 ) -> Enrichment:
-    """The enrichment of one incident (never raises for an upstream problem: it is kept in ``error``)."""
+    """The enrichment of one incident (never raises for an upstream problem: it is kept in ``error``). The example
+    requests are read on ``executor``'s threads (default: the loop's default pool), never on the event loop."""
     labels: dict[str, str] = dict(incident["labels"])
     for alert in alerts:
         for k, v in alert["labels"].items():
@@ -107,7 +112,8 @@ async def enrich(
     column = EXAMPLE_SORT[enrichment.findings[0].symptom][0] if enrichment.findings else E2E
     opened: datetime = incident["opened_at"]
     since = min((a["starts_at"] for a in alerts), default=opened) - timedelta(minutes=5)
-    enrichment.example_requests = await asyncio.to_thread(_examples, requests, labels, column, since)
+    examples = functools.partial(_examples, requests, labels, column, since)
+    enrichment.example_requests = await asyncio.get_running_loop().run_in_executor(executor, examples)
     runbook = next(
         (str(a["annotations"][RUNBOOK_ANNOTATION]) for a in alerts if RUNBOOK_ANNOTATION in a["annotations"]), None
     )

@@ -8,7 +8,8 @@ on one PostgreSQL never send the same attempt twice), POSTs the payload with an 
 a retry (``Retry-After`` of a 429/503, else exponential backoff with jitter) or, after
 ``max_attempts``, dead-letters it. A collector that stops mid-attempt leaves a lease that expires;
 the next one retries the row. Per incident and receiver, deliveries go in order: a row waits while
-an earlier one of the same incident and receiver is still pending.
+an earlier one of the same incident and receiver is still pending. Its database calls run on the
+``executor`` it is given (the alert worker's threads), never on the event loop.
 
 Payloads, URLs and tokens are never logged (a Slack webhook URL is a secret).
 """
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -24,10 +26,11 @@ import random
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from email.utils import parsedate_to_datetime
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import httpx
 from sqlalchemy import ColumnElement, Connection, Engine, and_, exists, insert, or_, select, update
@@ -55,12 +58,19 @@ LEASE_SECONDS: Final = 90.0
 ERROR_CHARS: Final = 500
 RETRY_AFTER_CODES: Final = frozenset({429, 503})
 
+T = TypeVar("T")
+
 BuildMessage = Callable[[Connection, int, int, str], IncidentMessage]
 """``build(conn, incident_id, event_id, kind)``: the message of an event, read in the fan-out's transaction."""
 
 
 def _utcnow() -> datetime:
     return datetime.now(UTC)
+
+
+async def off_loop(executor: Executor | None, fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` on ``executor``'s threads (None: the loop's default pool): a blocking call kept off the loop."""
+    return await asyncio.get_running_loop().run_in_executor(executor, functools.partial(fn, *args))
 
 
 def _log_failure(exc: Exception, message: str, *args: Any) -> None:
@@ -233,7 +243,7 @@ class Dispatcher:
     ``config`` may be replaced (a reloaded notify file): each attempt looks its receiver up by name
     in the current one, for the token and the timeout; a delivery whose receiver is gone is dead.
     The counters (``delivered_total``, ``retried_total``, ``dead_total``, ``attempts_total``) are
-    for the collector's metrics.
+    for the collector's metrics. The database calls run on ``executor`` (default: the loop's default pool).
     """
 
     def __init__(
@@ -247,6 +257,7 @@ class Dispatcher:
         concurrency: int = CONCURRENCY,
         batch: int = BATCH,
         rng: random.Random | None = None,
+        executor: Executor | None = None,
     ) -> None:
         self.engine = engine
         self.config = config
@@ -256,6 +267,7 @@ class Dispatcher:
         self.concurrency = concurrency
         self.batch = batch
         self.rng = rng or random.Random()
+        self.executor = executor
         self.delivered_total = 0
         self.retried_total = 0
         self.dead_total = 0
@@ -278,7 +290,7 @@ class Dispatcher:
 
     async def run_once(self, now: datetime) -> int:
         """Attempt the deliveries due at ``now`` (up to ``batch``); how many were handled (sent or dead-lettered)."""
-        ids = await asyncio.to_thread(self._due_ids, now)
+        ids = await off_loop(self.executor, self._due_ids, now)
         if not ids:
             return 0
         started = time.monotonic()
@@ -298,13 +310,13 @@ class Dispatcher:
 
     async def _handle(self, delivery_id: int, now: datetime, started: float) -> int:
         lease = now + timedelta(seconds=time.monotonic() - started + LEASE_SECONDS)
-        row = await asyncio.to_thread(self._claim, delivery_id, now, lease)
+        row = await off_loop(self.executor, self._claim, delivery_id, now, lease)
         if row is None:  # taken by another collector, or no longer due
             return 0
         receiver = self.config.receiver(row.receiver)
         if receiver is None:
             reason = f"receiver {row.receiver!r} is no longer in the notify file"
-            await asyncio.to_thread(self._finish, row, {"state": DEAD, "last_error": reason}, None)
+            await off_loop(self.executor, self._finish, row, {"state": DEAD, "last_error": reason}, None)
             self.dead_total += 1
             log.warning("delivery %d (incident %d): dead: %s", row.id, row.incident_id, reason)
             return 1
@@ -377,7 +389,7 @@ class Dispatcher:
                 "delivery %d (incident %d) to %s: %s; attempt %d of %d, next in %.1f s",
                 *(row.id, row.incident_id, row.receiver, answer.reason, attempts, row.max_attempts, delay),
             )
-        await asyncio.to_thread(self._finish, row, values, (now, answer))
+        await off_loop(self.executor, self._finish, row, values, (now, answer))
 
     # --- the database (blocking: run in a thread) --------------------------------------------------------------------
 

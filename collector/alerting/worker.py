@@ -5,6 +5,11 @@ incidents waiting for it (one at a time: a diagnosis may take a few seconds), fa
 events out to the matching receivers (an incident's firing event waits for its enrichment; a
 resolution goes at once), then sends what is due. Everything it works from is in the database, so
 a restart picks up where it stopped.
+
+Nothing it does blocks the event loop: every database call runs on the worker's own threads
+(:data:`DB_THREADS` of them), so a database that does not answer (a partition: each connection attempt
+waits out its timeout) holds those threads, never the loop, nor the default thread pool that the
+readiness probe and the read API use; deliveries are sent with an async client.
 """
 
 from __future__ import annotations
@@ -14,8 +19,9 @@ import contextlib
 import logging
 import os
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
-from typing import Final
+from typing import Any, Final
 
 import httpx
 from sqlalchemy import Connection, Engine, select, update
@@ -23,7 +29,7 @@ from sqlalchemy import Connection, Engine, select, update
 from inferwatch.collector.alerting import outbox
 from inferwatch.collector.alerting.enrich import LinkSettings, enrich, load_incident, message
 from inferwatch.collector.alerting.intake import PENDING
-from inferwatch.collector.alerting.messages import IncidentMessage
+from inferwatch.collector.alerting.messages import Enrichment, IncidentMessage
 from inferwatch.collector.alerting.notify import NotifyConfig
 from inferwatch.collector.diagnosis.service import OnCall
 from inferwatch.collector.models import INCIDENTS_TABLE
@@ -34,6 +40,8 @@ POLL_SECONDS: Final = 0.5
 STOP_SECONDS: Final = 10.0
 """How long shutdown waits for a pass in flight before cancelling it."""
 ENRICH_BATCH: Final = 4
+DB_THREADS: Final = outbox.CONCURRENCY + 1
+"""The worker's threads for its database calls: one per delivery in flight, and one for the enrichment."""
 DONE = "done"
 
 
@@ -56,6 +64,7 @@ class AlertWorker:
         self._stop: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._client: httpx.AsyncClient | None = None
+        self._threads: ThreadPoolExecutor | None = None
         self.dispatcher: outbox.Dispatcher | None = None
 
     def build(self, conn: Connection, incident_id: int, event_id: int, kind: str) -> IncidentMessage:
@@ -67,34 +76,44 @@ class AlertWorker:
             self._loop.call_soon_threadsafe(self._wake.set)
 
     async def enrich_pending(self) -> int:
-        i = INCIDENTS_TABLE
-        with self.engine.connect() as conn:
-            ids = [
-                int(r[0])
-                for r in conn.execute(
-                    select(i.c.id).where(i.c.enrichment_state == PENDING).order_by(i.c.id).limit(ENRICH_BATCH)
-                )
-            ]
+        ids = await outbox.off_loop(self._threads, self._pending)
         for incident_id in ids:
-            with self.engine.connect() as conn:
-                incident, alerts = load_incident(conn, incident_id)
-            enrichment = await enrich(self.oncall, self.engine, incident, alerts, self.links)
-            with self.engine.begin() as conn:
-                conn.execute(
-                    update(i)
-                    .where(i.c.id == incident_id)
-                    .values(
-                        enrichment=enrichment.model_dump(mode="json"),
-                        enrichment_state=DONE,
-                        enriched_at=datetime.now(UTC),
-                    )
-                )
+            incident, alerts = await outbox.off_loop(self._threads, self._load, incident_id)
+            enrichment = await enrich(self.oncall, self.engine, incident, alerts, self.links, executor=self._threads)
+            await outbox.off_loop(self._threads, self._store, incident_id, enrichment)
         return len(ids)
+
+    # --- the database (blocking: run on the worker's threads) --------------------------------------------------------
+
+    def _pending(self) -> list[int]:
+        i = INCIDENTS_TABLE
+        query = select(i.c.id).where(i.c.enrichment_state == PENDING).order_by(i.c.id).limit(ENRICH_BATCH)
+        with self.engine.connect() as conn:
+            return [int(r[0]) for r in conn.execute(query)]
+
+    def _load(self, incident_id: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        with self.engine.connect() as conn:
+            return load_incident(conn, incident_id)
+
+    def _store(self, incident_id: int, enrichment: Enrichment) -> None:
+        i = INCIDENTS_TABLE
+        with self.engine.begin() as conn:
+            conn.execute(
+                update(i)
+                .where(i.c.id == incident_id)
+                .values(
+                    enrichment=enrichment.model_dump(mode="json"),
+                    enrichment_state=DONE,
+                    enriched_at=datetime.now(UTC),
+                )
+            )
+
+    # --- the loop ----------------------------------------------------------------------------------------------------
 
     async def step(self, now: datetime | None = None) -> None:
         now = now or datetime.now(UTC)
         await self.enrich_pending()
-        await asyncio.to_thread(outbox.fan_out, self.engine, self.notify, self.build, now)
+        await outbox.off_loop(self._threads, outbox.fan_out, self.engine, self.notify, self.build, now)
         if self.dispatcher is not None:
             await self.dispatcher.run_once(datetime.now(UTC))
 
@@ -113,7 +132,10 @@ class AlertWorker:
         self._loop = asyncio.get_running_loop()
         self._wake, self._stop = asyncio.Event(), asyncio.Event()
         self._client = httpx.AsyncClient()
-        self.dispatcher = outbox.Dispatcher(self.engine, self.notify, self._client, self.environ)
+        self._threads = ThreadPoolExecutor(DB_THREADS, thread_name_prefix="inferwatch-alerts")
+        self.dispatcher = outbox.Dispatcher(
+            self.engine, self.notify, self._client, self.environ, executor=self._threads
+        )
         self._task = self._loop.create_task(self._run(), name="alert-worker")
 
     async def stop(self) -> None:
@@ -130,3 +152,7 @@ class AlertWorker:
         if self._client is not None:
             await self._client.aclose()
             self._client = None
+        if self._threads is not None:
+            # a thread still waiting on the database (a cancelled pass) ends with its timeout; nobody waits for it
+            self._threads.shutdown(wait=False, cancel_futures=True)
+            self._threads = None

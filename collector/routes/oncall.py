@@ -16,6 +16,7 @@ from inferwatch.collector.diagnosis.report import Capacity, Checklist, Diagnosis
 from inferwatch.collector.diagnosis.service import NotConfigured
 from inferwatch.collector.diagnosis.signals import Filters, UpstreamError
 from inferwatch.collector.diagnosis.slos import SloReport
+from inferwatch.collector.routes.requests import unavailable
 from inferwatch.collector.schemas import ErrorBody
 from inferwatch.core.capacity import GIB, CapacityError, ModelShape, Plan
 from inferwatch.core.engines.launch import LaunchError
@@ -73,7 +74,7 @@ async def diagnose(
             window, Filters(llm_engine, model, instance), requests=engine, examples=examples
         )
     except store.DatabaseUnavailable as exc:  # the example requests come from the store
-        _upstream(exc)
+        raise unavailable(exc) from None
     except ValueError as exc:
         _invalid("window", str(exc))
     except (UpstreamError, NotConfigured) as exc:

@@ -22,6 +22,9 @@ from inferwatch.core import vocabulary as V
 
 SIDES: Final[tuple[Side, ...]] = ("engine", "proxy", "all")
 DEFAULT_SIDE: Final[Side] = "engine"
+EXAMPLE_SIDES: Final[tuple[Side, ...]] = ("engine", "proxy")
+"""where example requests (a finding's, an incident's) come from, in order: the first side that has some, never
+both (the same request would be shown twice)."""
 PARAM: Final = "side_service"
 """the name of the bound parameter that :func:`sql` refers to (its value: :data:`PARAMS`)."""
 PARAMS: Final[dict[str, str]] = {PARAM: V.PROXY_SERVICE}

@@ -186,6 +186,25 @@ def test_the_diagnosis_shows_each_request_once(engine: Engine) -> None:
     assert [r.service for r in untraced.example_requests] == [PROXY]
 
 
+def test_an_incidents_examples_show_each_request_once(engine: Engine) -> None:
+    """The alert worker's enrichment picks an incident's example requests as the diagnosis does: the engine's
+    rows, the proxy's only where the engine sent none (it took both sides, each request twice)."""
+    from inferwatch.collector.alerting.enrich import _examples
+
+    mine, proxied = both_sides(300)
+    db.insert_records(engine, [*mine, *proxied])
+    db.insert_records(
+        engine,
+        [dataclasses.replace(proxied[0], span_id="f" * 16, trace_id="f" * 32, engine="proxied-only", model="m")],
+    )
+    since = NOW - timedelta(days=4)
+    found = _examples(engine, {V.LABEL_ENGINE: "eng0", V.LABEL_MODEL: "model0"}, "time_to_first_token", since)
+    assert found and PROXY not in {r.service for r in found}
+    assert len({r.trace_id for r in found}) == len(found), "one request shown twice"
+    alone = _examples(engine, {V.LABEL_ENGINE: "proxied-only", V.LABEL_MODEL: "m"}, "time_to_first_token", since)
+    assert [r.service for r in alone] == [PROXY]
+
+
 def test_the_requests_dashboard_counts_the_engine_side() -> None:
     """Its SQL, run on PostgreSQL with Grafana's macros expanded: each request once."""
     from inferwatch.dashboards.boards import requests as board

@@ -22,7 +22,7 @@ from typing import Any, Final, cast
 
 from sqlalchemy import Connection, Engine, select
 
-from inferwatch.collector import store
+from inferwatch.collector import sides, store
 from inferwatch.collector.alerting.messages import (
     AlertSummary,
     DashboardLink,
@@ -137,13 +137,17 @@ async def enrich(
 
 
 def _examples(engine: Engine, labels: Mapping[str, str], column: str, since: datetime) -> list[Any]:
+    """The slowest requests of the alert's engine and model from one side: the engine's rows, or inferwatch
+    proxy's where the engine sent none (a request both sent spans for is stored twice)."""
     sort = cast("store.SortField", column)
-    base = store.RequestFilter(engine=labels.get(V.LABEL_ENGINE), model=labels.get(V.LABEL_MODEL), since=since)
-    found = store.slowest_requests(engine=engine, filters=base, sort=sort, limit=EXAMPLES)
-    if not found and base.model is not None:  # vLLM's spans carry no model name
-        base = store.RequestFilter(engine=labels.get(V.LABEL_ENGINE), since=since)
-        found = store.slowest_requests(engine=engine, filters=base, sort=sort, limit=EXAMPLES)
-    return found
+    model = labels.get(V.LABEL_MODEL)
+    for side in sides.EXAMPLE_SIDES:
+        for by_model in (model, None) if model is not None else (None,):  # vLLM's spans carry no model name
+            base = store.RequestFilter(engine=labels.get(V.LABEL_ENGINE), model=by_model, since=since, side=side)
+            found = store.slowest_requests(engine=engine, filters=base, sort=sort, limit=EXAMPLES)
+            if found:
+                return found
+    return []
 
 
 def load_incident(conn: Connection, incident_id: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:

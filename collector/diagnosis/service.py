@@ -17,7 +17,7 @@ from typing import Final, cast
 import httpx
 from sqlalchemy import Engine
 
-from inferwatch.collector import store
+from inferwatch.collector import sides, store
 from inferwatch.collector.diagnosis import exporters, prometheus
 from inferwatch.collector.diagnosis.checklist import evaluate as check_target
 from inferwatch.collector.diagnosis.evaluate import Settings, diagnose
@@ -30,7 +30,6 @@ from inferwatch.collector.diagnosis.report import (
 )
 from inferwatch.collector.diagnosis.signals import Filters, Fleet, TargetKey, TargetSignals, UpstreamError
 from inferwatch.collector.diagnosis.slos import SloReport, read_slos
-from inferwatch.collector.schemas import Side
 from inferwatch.core import vocabulary as V
 from inferwatch.core.capacity import CapacityError, ModelShape, Plan, plan_capacity, supported_concurrency
 from inferwatch.core.engines.launch import LaunchConfig, parse_launch
@@ -49,8 +48,6 @@ EXAMPLE_SORT: Final[dict[Symptom, tuple[str, str | None]]] = {
     Symptom.STREAMS_ABORTED: ("start_time", V.OUTCOME_ABORT),
 }
 """how a finding's example requests are picked: the column sorted on, and a finish reason to match."""
-EXAMPLE_SIDES: Final[tuple[Side, ...]] = ("engine", "proxy")
-"""where a finding's example requests come from, in order: the first side that has some (never both)."""
 
 
 class NotConfigured(RuntimeError):
@@ -134,7 +131,7 @@ class OnCall:
             name, reason = EXAMPLE_SORT[finding.symptom]
             column = cast("store.SortField", name)
             found = []
-            for side in EXAMPLE_SIDES:
+            for side in sides.EXAMPLE_SIDES:
                 for model in (finding.model, None):  # spans may carry no model name (vLLM's do not)
                     base = store.RequestFilter(
                         engine=finding.engine, model=model, finish_reason=reason, since=since, side=side

@@ -107,7 +107,7 @@ class ProxySettings:
     """client connections at most (default: what the file descriptor limit allows, two per proxied request)."""
     otlp_endpoint: str | None = None
     otlp_protocol: OtlpProtocol = "http/protobuf"
-    service_name: str = "inferwatch-proxy"
+    service_name: str = V.PROXY_SERVICE
     metrics_host: str | None = None
     metrics_port: int | None = None
     """serve /metrics, /healthz and /readyz there instead of on the proxied port."""

@@ -2,8 +2,9 @@
 
 A tracer provider of the proxy's own (never the global one) with a batching OTLP exporter; the
 service is named so that the collector stores these requests apart from the engine's own spans
-(``inferwatch-proxy`` by default). The span is written when the request is over, with the times of
-its arrival and end; it joins the client's trace when the request carries a ``traceparent``.
+(:data:`~inferwatch.core.vocabulary.PROXY_SERVICE` by default). The span is written when the request
+is over, with the times of its arrival and end; it joins the client's trace when the request carries
+a ``traceparent``.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from inferwatch.core import vocabulary as V
 
 OtlpProtocol = Literal["http/protobuf", "grpc"]
-SERVICE: Final = "inferwatch-proxy"
+SERVICE: Final = V.PROXY_SERVICE
 SCOPE: Final = "inferwatch.proxy"
 LORA_ADAPTER: Final = "inferwatch.lora_adapter"
 """The request's LoRA adapter (no GenAI convention has one); the collector's GenAI source reads it."""

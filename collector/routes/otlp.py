@@ -71,8 +71,8 @@ RESPONSES: Final[dict[int | str, dict[str, Any]]] = {
     415: _rpc_error("Content-Type neither protobuf nor JSON, or Content-Encoding neither gzip nor deflate"),
     429: _rpc_error("Write queue full: retry later", retry=True),
     503: _rpc_error(
-        "Database unreachable and the queue full: retry later (the server's connection cap, "
-        "max_connections, also answers 503, as plain text)",
+        "Database unreachable and the queue full: retry later (the server's request cap, max_requests, "
+        "also answers 503, as plain text)",
         retry=True,
     ),
 }

@@ -8,6 +8,7 @@ from typing import Annotated, Literal
 import typer
 
 from inferwatch.cli.common import err, fail, loop_factory, setup_logging
+from inferwatch.core import vocabulary as V
 from inferwatch.core.config import ConfigError, SimEngine, parse_listen
 
 OtlpChoice = Literal["http/protobuf", "grpc"]
@@ -46,7 +47,7 @@ def proxy(
         str | None, typer.Option(help="Send one span per request here (e.g. http://127.0.0.1:4318/v1/traces).")
     ] = None,
     otlp_protocol: Annotated[OtlpChoice, typer.Option(help="OTLP transport.")] = "http/protobuf",
-    service_name: Annotated[str, typer.Option(help="service.name of the spans.")] = "inferwatch-proxy",
+    service_name: Annotated[str, typer.Option(help="service.name of the spans.")] = V.PROXY_SERVICE,
     metrics_listen: Annotated[
         str | None,
         typer.Option(help="Serve /metrics, /healthz, /readyz on this HOST:PORT, not on --listen."),

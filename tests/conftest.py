@@ -6,6 +6,7 @@ fail when the ``CI`` environment variable is set.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import shutil
@@ -157,3 +158,19 @@ def postgres_schema(prefix: str = "iw_test") -> Iterator[str]:
         with admin.begin() as conn:
             conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
         admin.dispose()
+
+
+@contextmanager
+def migrated_engine(backend: str, tmp_path: Path, prefix: str) -> Iterator[Any]:
+    """An engine on a store migrated to head: SQLite under ``tmp_path``, or a scratch PostgreSQL schema named
+    after ``prefix`` (:func:`postgres_schema`); disposed on exit."""
+    from inferwatch.collector import db
+
+    with contextlib.ExitStack() as stack:
+        url = db.default_url(tmp_path) if backend == "sqlite" else stack.enter_context(postgres_schema(prefix))
+        engine = db.make_engine(url)
+        db.ensure_schema(engine)
+        try:
+            yield engine
+        finally:
+            engine.dispose()

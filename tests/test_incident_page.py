@@ -37,6 +37,7 @@ from inferwatch.collector.config import CollectorSettings
 from inferwatch.core import vocabulary as V
 from tests.conftest import ROOT, free_port, require_tool, served_in_thread
 from tests.support.alertmanager import alert, notification
+from tests.support.chromium import FLAGS as DEVTOOLS_FLAGS
 from tests.support.sink import Sink, running_sink
 from tests.support.stack import INFERWATCH, Processes, exporter_cmd
 
@@ -49,17 +50,7 @@ PHONE_WIDTH = 412
 PHONE_HEIGHT = 1600
 READY_TIMEOUT_S = 120.0
 CHROMIUM_TIMEOUT_S = 90.0
-CHROMIUM_FLAGS = (
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--hide-scrollbars",
-)
+CHROMIUM_FLAGS = (*(f for f in DEVTOOLS_FLAGS if not f.startswith("--remote-debugging")), "--hide-scrollbars")
 ARTIFACTS_ENV = "INFERWATCH_TEST_ARTIFACTS"
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

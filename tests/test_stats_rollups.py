@@ -24,7 +24,7 @@ from inferwatch.collector.models import ROLLUP_STATE_TABLE, ROLLUP_TABLE, VALUES
 from inferwatch.collector.record import RequestRecord
 from inferwatch.collector.schemas import Stats
 from inferwatch.core.schema import E2E, QUEUE, TPOT, TTFT
-from tests.conftest import postgres_schema
+from tests.conftest import migrated_engine, postgres_schema
 
 FIELDS = (TTFT, TPOT, E2E, QUEUE)
 NOW = datetime(2024, 5, 8, 12, 0, 30, tzinfo=UTC)
@@ -32,12 +32,8 @@ NOW = datetime(2024, 5, 8, 12, 0, 30, tzinfo=UTC)
 
 @pytest.fixture(params=["sqlite", "postgresql"])
 def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Engine]:
-    with contextlib.ExitStack() as stack:
-        url = db.default_url(tmp_path) if request.param == "sqlite" else stack.enter_context(postgres_schema("iw_st"))
-        eng = db.make_engine(url)
-        db.ensure_schema(eng)
+    with migrated_engine(request.param, tmp_path, "iw_st") as eng:
         yield eng
-        eng.dispose()
 
 
 def make_rows(n: int, seed: int = 3, start: int = 0) -> list[RequestRecord]:

@@ -10,7 +10,6 @@ on SQLite and on PostgreSQL, with rows below and above the rollups' watermark.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import re
 from collections.abc import Iterator
@@ -30,7 +29,7 @@ from inferwatch.collector.diagnosis.service import OnCall
 from inferwatch.collector.record import RequestRecord
 from inferwatch.core import vocabulary as V
 from inferwatch.core.symptoms import Status, Symptom
-from tests.conftest import postgres_schema
+from tests.conftest import migrated_engine, postgres_schema
 from tests.test_stats_rollups import NOW, answer, brute, make_rows
 
 PROXY = V.PROXY_SERVICE
@@ -38,12 +37,8 @@ PROXY = V.PROXY_SERVICE
 
 @pytest.fixture(params=["sqlite", "postgresql"])
 def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Engine]:
-    with contextlib.ExitStack() as stack:
-        url = db.default_url(tmp_path) if request.param == "sqlite" else stack.enter_context(postgres_schema("iw_sd"))
-        eng = db.make_engine(url)
-        db.ensure_schema(eng)
+    with migrated_engine(request.param, tmp_path, "iw_sd") as eng:
         yield eng
-        eng.dispose()
 
 
 def both_sides(n: int, seed: int = 5) -> tuple[list[RequestRecord], list[RequestRecord]]:

@@ -113,6 +113,13 @@ class CollectorSettings(BaseSettings):
         description="Requests handled at once (from their headers; those still receiving their body are not "
         "counted); beyond: 503. GET /healthz is always answered.",
     )
+    max_uploads: int = Field(
+        256,
+        gt=0,
+        description="Requests receiving their body at once (Content-Length > 0 or chunked; requests without a body "
+        "never count); at the cap the oldest is closed with 503 and Retry-After: 1 to make room for the new one. "
+        "The default bounds the bodies being buffered to 256 x max_body_bytes (4 MiB): 1 GiB.",
+    )
     max_connections: int | None = Field(
         None,
         gt=0,

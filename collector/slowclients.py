@@ -20,14 +20,24 @@ with (``uvicorn.Config(http=...)``; httptools, a dependency, is the parser it ho
 - **requests**: at most ``max_requests`` being handled, counted from their headers and without the ones still
   receiving their body (those are bounded by the body deadline); beyond, 503. ``GET /healthz`` is always
   answered: a liveness probe failing under load would restart a collector that is only busy (``/readyz``
-  does count: an overloaded collector is rightly not ready).
+  does count: an overloaded collector is rightly not ready);
+- **uploads**: at most ``max_uploads`` requests receiving their body (``Content-Length`` > 0 or a
+  ``Transfer-Encoding``), each of which a route may buffer up to ``max_body_bytes`` (:class:`UploadGate`). At
+  the cap the oldest upload is closed (503, ``Retry-After: 1``) to make room for the new one; requests
+  without a body never count, so reads and ``/healthz`` are not affected.
+
+Closing the oldest upload rather than refusing the newcomer: refused newcomers would let a slow attacker
+holding ``max_uploads`` dribbling bodies (renewed as the body deadline closes them) keep every real export
+out, whereas an upload that arrives always gets in, and a real one, which takes milliseconds, finishes long
+before ``max_uploads`` newer ones push it out. The oldest rather than the slowest: it needs no rate measured
+on a request that has just begun, and a slot then lasts until ``max_uploads`` newer uploads or the deadline.
 """
 
 from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Any, ClassVar, Final, cast
+from typing import Any, ClassVar, Final, Protocol, cast
 
 import httptools
 from uvicorn.config import Config
@@ -42,6 +52,8 @@ BODY_GRACE_S: Final = 1.0
 REFUSED_HEAD_S: Final = 2.0
 """A connection refused at the cap has this long (at most) to send the head its 503 answers."""
 EXEMPT_PATHS: Final = frozenset({b"/healthz"})
+RETRY_AFTER: Final = b"retry-after: 1\r\n"
+"""The header of the 503 that closes an upload for a newer one."""
 
 
 @dataclass(frozen=True)
@@ -52,21 +64,63 @@ class HttpLimits:
     body_timeout: float
     max_requests: int
     max_connections: int
+    max_uploads: int
+
+
+class Upload(Protocol):
+    """A request receiving its body, which the gate may close to make room for a newer one."""
+
+    def drop_upload(self) -> None: ...
+
+
+class UploadGate:
+    """The requests receiving their body, at most :attr:`limit`, oldest first; at the cap the oldest is closed."""
+
+    def __init__(self, limit: int) -> None:
+        if limit <= 0:
+            raise ValueError(f"the upload limit must be positive, got {limit}")
+        self.limit = limit
+        self._uploads: dict[Upload, None] = {}
+        self.dropped = 0
+        """uploads closed to make room, since the start."""
+
+    def __len__(self) -> int:
+        return len(self._uploads)
+
+    def start(self, upload: Upload) -> None:
+        """``upload``'s headers announced a body: it joins, after the oldest are closed at the cap."""
+        while len(self._uploads) >= self.limit:
+            oldest = next(iter(self._uploads))
+            del self._uploads[oldest]
+            self.dropped += 1
+            oldest.drop_upload()
+        self._uploads[upload] = None
+
+    def end(self, upload: Upload) -> None:
+        """``upload``'s body was received, or its connection closed; calling it twice is harmless."""
+        self._uploads.pop(upload, None)
 
 
 class _Shared:
-    """What the connections of one server share: the gate and the requests still receiving their body."""
+    """What the connections of one server share: the gates and the requests still receiving their body."""
 
     def __init__(self, limits: HttpLimits) -> None:
         self.limits = limits
         self.gate = ConnectionGate(limits.max_connections)
+        self.uploads = UploadGate(limits.max_uploads)
         self.receiving = 0
 
 
-def _answer(status: bytes, message: bytes) -> bytes:
+def _answer(status: bytes, message: bytes, headers: bytes = b"") -> bytes:
     return (
-        b"HTTP/1.1 " + status + b"\r\ncontent-type: text/plain; charset=utf-8\r\nconnection: close\r\n"
-        b"content-length: " + str(len(message)).encode() + b"\r\n\r\n" + message
+        b"HTTP/1.1 "
+        + status
+        + b"\r\ncontent-type: text/plain; charset=utf-8\r\nconnection: close\r\n"
+        + headers
+        + b"content-length: "
+        + str(len(message)).encode()
+        + b"\r\n\r\n"
+        + message
     )
 
 
@@ -161,6 +215,8 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         if not (self.parser.should_upgrade() and self._should_upgrade()):
             self._in_body = True
             shared.receiving += 1
+            if not refuse and self._announces_body():
+                shared.uploads.start(self)  # at the cap, the oldest upload is closed (503) for this one
 
     def on_message_complete(self) -> None:
         self._end_body()
@@ -178,12 +234,22 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         if self.transport is not None and not self.transport.is_closing():
             self.transport.close()
 
+    def drop_upload(self) -> None:
+        """Close this request, still receiving its body, to make room for a newer upload."""
+        self._abort_body(b"503 Service Unavailable", b"too many uploads in progress; retry", RETRY_AFTER)
+
     # -- helpers --------------------------------------------------------------------------------------------------
     def _count_head(self, size: int) -> None:
         self._head_size += size
         if self._head_size > MAX_HEAD_BYTES:
             self._too_large = True
             raise ValueError("request head too large")  # the parser's error: uvicorn calls send_400_response
+
+    def _announces_body(self) -> bool:
+        for name, value in self.headers:
+            if name == b"transfer-encoding" or (name == b"content-length" and value.strip(b"0 \t") != b""):
+                return True
+        return False
 
     def _exempt(self) -> bool:
         try:
@@ -212,24 +278,28 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
 
     def _body_timed_out(self) -> None:
         self._body_timer = None
-        if not self._in_body or self.transport.is_closing():
+        self._abort_body(b"408 Request Timeout", b"request body not received in time")
+
+    def _abort_body(self, status: bytes, message: bytes, headers: bytes = b"") -> None:
+        if not self._in_body or self.transport is None or self.transport.is_closing():
             return
         cycle = self.cycle
         if cycle is not None and not cycle.response_started:
             cycle.disconnected = True  # the application's answer, if it comes, is dropped
             cycle.message_event.set()
-            self._close_with(b"408 Request Timeout", b"request body not received in time")
+            self._close_with(status, message, headers)
         else:
             self.transport.close()
 
-    def _close_with(self, status: bytes, message: bytes) -> None:
-        self.transport.write(_answer(status, message))
+    def _close_with(self, status: bytes, message: bytes, headers: bytes = b"") -> None:
+        self.transport.write(_answer(status, message, headers))
         self.transport.close()
 
     def _end_body(self) -> None:
         if self._in_body:
             self._in_body = False
             self.shared.receiving -= 1
+            self.shared.uploads.end(self)
             if self._body_timer is not None:
                 self._body_timer.cancel()
                 self._body_timer = None

@@ -24,7 +24,8 @@ import uvicorn
 
 from inferwatch.cli.collector import uvicorn_config
 from inferwatch.collector.config import CollectorSettings
-from inferwatch.collector.slowclients import BODY_GRACE_S, BoundedHttpToolsProtocol
+from inferwatch.collector.otlp import DEFAULT_MAX_BODY
+from inferwatch.collector.slowclients import BODY_GRACE_S, BoundedHttpToolsProtocol, UploadGate
 from inferwatch.core.connections import FD_RESERVE, ConnectionGate, connection_cap
 from tests.conftest import free_port
 from tests.support.slowloris import (
@@ -170,6 +171,72 @@ def test_collector_at_its_connection_cap_closes_the_longest_waiting(tmp_path: Pa
         assert len(result.open()) <= 40
 
 
+def test_collector_upload_cap_closes_the_oldest_upload_and_spares_reads(tmp_path: Path) -> None:
+    """At ``--max-uploads 20`` with 20 bodies dribbling, a new upload closes the oldest (503, Retry-After: 1) and
+    is answered; /healthz and a read, which have no body, close none; past the body deadline uploads go through
+    with nothing to close. Before: nothing but ``max_connections`` bounded the bodies in flight (each up to
+    ``max_body_bytes`` buffered), so the new upload closed none and the dribblers all stayed."""
+    uploads, body_s = 20, 4.0  # a deadline well after the checks below, which a loaded machine may slow down
+    with collector(tmp_path, "--max-uploads", str(uploads), "--body-timeout", str(body_s)) as url:
+        port = int(url.rsplit(":", 1)[1])
+        bodies = [body_dribbler("/v1/traces") for _ in range(uploads)]
+        export: dict[str, Any] = {"content": OTLP_JSON, "headers": {"content-type": "application/json"}}
+        seen: dict[str, Any] = {}
+
+        def closed() -> list[Dribbler]:
+            return [d for d in bodies if d.closed is not None]
+
+        async def settle(count: int, seconds: float) -> None:
+            deadline = time.monotonic() + seconds
+            while len(closed()) < count and time.monotonic() < deadline:
+                await asyncio.sleep(0.02)
+
+        async def meanwhile(_: Attack) -> None:
+            await asyncio.sleep(0.5)  # every dribbler's headers are in: the cap is reached
+            async with httpx.AsyncClient(base_url=url, timeout=10) as client:
+                reads = [(await client.get(path)).status_code for path in ("/healthz", "/api/v1/requests") * 3]
+                await settle(1, 0.3)
+                seen["reads at the cap"], seen["closed by reads"] = reads, len(closed())
+                seen["upload"] = (await client.post("/v1/traces", **export)).status_code
+                await settle(1, 1.0)
+                seen["closed by the upload"] = len(closed())
+                seen["reads after"] = [(await client.get(p)).status_code for p in ("/healthz", "/api/v1/requests")]
+
+        asyncio.run(attack(port, bodies, meanwhile, until=body_s + BODY_GRACE_S + SLACK_S))
+        assert seen["reads at the cap"] == [200] * 6 and seen["closed by reads"] == 0, seen
+        assert seen["upload"] == 200 and seen["closed by the upload"] == 1, seen
+        assert seen["reads after"] == [200, 200], seen
+        dropped = [d for d in bodies if d.answer.startswith(b"HTTP/1.1 503")]
+        assert len(dropped) == 1 and b"\r\nretry-after: 1\r\n" in dropped[0].answer.lower(), dropped
+        others = [d for d in bodies if d not in dropped]
+        assert min(d.held for d in others) > body_s - 0.5, sorted(d.held for d in others)  # by the deadline
+        print(check_closed(Attack(bodies), others, body_s, "the other dribblers"), dropped[0].answer[:60])
+        after = [httpx.post(f"{url}/v1/traces", timeout=10, **export).status_code for _ in range(uploads + 5)]
+        assert after == [200] * (uploads + 5)
+
+
+def test_upload_gate_closes_the_oldest_upload_at_the_cap() -> None:
+    class Up:
+        def __init__(self) -> None:
+            self.dropped = False
+
+        def drop_upload(self) -> None:
+            self.dropped = True
+
+    gate = UploadGate(2)
+    a, b, c, d = Up(), Up(), Up(), Up()
+    gate.start(a)
+    gate.start(b)
+    gate.start(c)
+    assert a.dropped and not b.dropped and len(gate) == 2 and gate.dropped == 1
+    gate.end(b)
+    gate.end(b)  # harmless twice
+    gate.start(d)
+    assert not c.dropped and not d.dropped and len(gate) == 2
+    gate.start(Up())
+    assert c.dropped and gate.dropped == 2
+
+
 def test_collector_limit_defaults() -> None:
     settings = CollectorSettings()
     assert settings.header_timeout_seconds == 10.0
@@ -177,12 +244,15 @@ def test_collector_limit_defaults() -> None:
     assert settings.keep_alive_timeout_seconds == 15.0
     assert settings.max_requests == 100
     assert settings.max_connections is None
+    assert settings.max_uploads == 256
+    assert settings.max_uploads * settings.max_body_bytes == 1 << 30 == 256 * DEFAULT_MAX_BODY  # 1 GiB buffered
     config = uvicorn_config(object(), settings)
     assert config.limit_concurrency is None  # it counted connections: slow ones held it
     assert issubclass(config.http, BoundedHttpToolsProtocol)
     limits = config.http.shared.limits
     assert (limits.header_timeout, limits.body_timeout, limits.max_requests) == (10.0, 10.0, 100)
     assert limits.max_connections == connection_cap()
+    assert limits.max_uploads == 256
 
 
 def test_connection_cap_follows_the_fd_limit() -> None:

@@ -68,6 +68,13 @@ def collector_serve(
     max_requests: Annotated[
         int | None, typer.Option(help="Requests handled at once before new ones get 503 (default 100).")
     ] = None,
+    max_uploads: Annotated[
+        int | None,
+        typer.Option(
+            help="Requests receiving their body at once; at the cap the oldest is closed (503, Retry-After: 1) for "
+            "the new one (default 256: 1 GiB of 4 MiB bodies). Requests without a body never count."
+        ),
+    ] = None,
     header_timeout: Annotated[
         float | None,
         typer.Option(help="Seconds a client has to send a request's line and headers (default 10); then 408."),
@@ -114,6 +121,7 @@ def collector_serve(
         public_url=public_url,
         max_connections=max_connections,
         max_requests=max_requests,
+        max_uploads=max_uploads,
         header_timeout_seconds=header_timeout,
         body_timeout_seconds=body_timeout,
         keep_alive_timeout_seconds=keep_alive_timeout,
@@ -163,9 +171,9 @@ def collector_serve(
 
 def uvicorn_config(application: Any, settings: Any, log_level: str = "info") -> Any:
     """uvicorn's configuration for the collector app: its address, and the limits of the settings on uvicorn's
-    httptools protocol (:mod:`inferwatch.collector.slowclients`: header and body deadlines, the connection and
-    request caps; ``keep_alive_timeout_seconds`` → ``timeout_keep_alive``). uvicorn's own ``limit_concurrency``
-    is not used: it counts connections, so slow ones held it."""
+    httptools protocol (:mod:`inferwatch.collector.slowclients`: header and body deadlines, the connection,
+    request and upload caps; ``keep_alive_timeout_seconds`` → ``timeout_keep_alive``). uvicorn's own
+    ``limit_concurrency`` is not used: it counts connections, so slow ones held it."""
     import uvicorn
 
     from inferwatch.collector.slowclients import HttpLimits, bounded_protocol
@@ -178,6 +186,7 @@ def uvicorn_config(application: Any, settings: Any, log_level: str = "info") -> 
         body_timeout=settings.body_timeout_seconds,
         max_requests=settings.max_requests,
         max_connections=settings.max_connections or connection_cap(),
+        max_uploads=settings.max_uploads,
     )
     return uvicorn.Config(
         application,

@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 SUDO := $(shell [ "$$(id -u)" -ne 0 ] && command -v sudo)
 
-.PHONY: help install system-deps lint test test-real bench soak demo goldens check-generated clean
+.PHONY: help install demo-deps system-deps lint test test-real bench soak demo goldens check-generated clean
 
 help: ## show this help
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -14,6 +14,19 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $(STAMP)
+
+demo-deps: ## Debian packages the demo runs (Prometheus, Alertmanager), when missing
+	@missing=""; \
+	command -v prometheus >/dev/null 2>&1 || missing="$$missing prometheus"; \
+	command -v prometheus-alertmanager >/dev/null 2>&1 || missing="$$missing prometheus-alertmanager"; \
+	if [ -n "$$missing" ]; then \
+		if command -v apt-get >/dev/null 2>&1; then \
+			echo "installing Debian packages$$missing (the demo's Prometheus and Alertmanager)"; \
+			$(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends$$missing; \
+		else \
+			echo "warning: Debian packages$$missing missing and apt-get unavailable; the demo runs without them"; \
+		fi; \
+	fi
 
 system-deps: ## Debian packages the tests drive, when missing
 	@missing=""; \
@@ -58,7 +71,7 @@ bench: $(STAMP) ## benchmarks, all of them (non-zero exit when any target is mis
 soak: $(STAMP) ## collector under load for a minute: no loss, flat RSS
 	$(PY) -m bench.soak
 
-demo: $(STAMP) ## simulated fleet through the whole pipeline, no Docker
+demo: $(STAMP) demo-deps ## simulated fleet through the whole pipeline, no Docker
 	$(PY) -m inferwatch demo --duration 30
 
 goldens: $(STAMP) ## rewrite goldens after an intended change (review!)

@@ -70,11 +70,16 @@ def vocab() -> V.Vocabulary:
     return V.Vocabulary()
 
 
+TOOL_PACKAGES = {"promtool": "prometheus", "amtool": "prometheus-alertmanager"}
+"""The Debian package of a tool whose name is not its package's."""
+
+
 def require_tool(name: str) -> str:
     """Path of a real tool; skip without it, but fail under CI."""
     path = shutil.which(name)
     if path is None:
-        message = f"{name} not found (Debian package 'prometheus'; `make test` installs it)"
+        package = TOOL_PACKAGES.get(name, name)
+        message = f"{name} not found (Debian package '{package}'; `make test` installs it)"
         if os.environ.get("CI"):
             pytest.fail(message + " and CI is set: this test must not be skipped")
         pytest.skip(message)

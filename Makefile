@@ -15,35 +15,28 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $(STAMP)
 
-demo-deps: ## Debian packages the demo runs (Prometheus, Alertmanager), when missing
+# $(call apt-missing,COMMAND:PACKAGE ...,WHAT): apt-get install the packages whose command is missing
+define apt-missing
 	@missing=""; \
-	command -v prometheus >/dev/null 2>&1 || missing="$$missing prometheus"; \
-	command -v prometheus-alertmanager >/dev/null 2>&1 || missing="$$missing prometheus-alertmanager"; \
+	for pair in $(1); do \
+		command -v "$${pair%%:*}" >/dev/null 2>&1 || missing="$$missing $${pair#*:}"; \
+	done; \
 	if [ -n "$$missing" ]; then \
 		if command -v apt-get >/dev/null 2>&1; then \
-			echo "installing Debian packages$$missing (the demo's Prometheus and Alertmanager)"; \
+			echo "installing Debian packages$$missing ($(2))"; \
 			$(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends$$missing; \
 		else \
-			echo "warning: Debian packages$$missing missing and apt-get unavailable; the demo runs without them"; \
+			echo "warning: Debian packages$$missing missing and apt-get unavailable (wanted by $(2)); what needs them skips, or fails under CI"; \
 		fi; \
 	fi
+endef
+
+demo-deps: ## Debian packages the demo runs (Prometheus, Alertmanager), when missing
+	$(call apt-missing,prometheus:prometheus prometheus-alertmanager:prometheus-alertmanager,the demo)
 
 system-deps: ## Debian packages the tests drive, when missing
-	@missing=""; \
-	command -v promtool >/dev/null 2>&1 || missing="$$missing prometheus"; \
-	command -v prometheus-alertmanager >/dev/null 2>&1 || missing="$$missing prometheus-alertmanager"; \
-	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
-	command -v haproxy >/dev/null 2>&1 || missing="$$missing haproxy"; \
-	command -v vmalert >/dev/null 2>&1 || missing="$$missing victoria-metrics"; \
-	command -v docker-compose >/dev/null 2>&1 || missing="$$missing docker-compose"; \
-	if [ -n "$$missing" ]; then \
-		if command -v apt-get >/dev/null 2>&1; then \
-			echo "installing Debian packages$$missing"; \
-			$(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends$$missing; \
-		else \
-			echo "warning: Debian packages$$missing missing and apt-get unavailable; tests needing them will skip (fail under CI)"; \
-		fi; \
-	fi
+	$(call apt-missing,promtool:prometheus prometheus-alertmanager:prometheus-alertmanager chromium:chromium \
+		haproxy:haproxy vmalert:victoria-metrics docker-compose:docker-compose,the tests)
 
 install: $(STAMP) system-deps ## .venv with the Python deps, plus system-deps
 

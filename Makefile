@@ -73,15 +73,15 @@ demo: $(STAMP) demo-deps ## simulated fleet through the whole pipeline, no Docke
 
 goldens: $(STAMP) ## rewrite goldens after an intended change (review!)
 	$(PY) -m pytest -q tests/test_goldens.py tests/test_coverage.py tests/test_dashboards.py --update-goldens
-	$(PY) -m inferwatch generate alerts --slo alerts/slos.yaml --out alerts/generated
-	$(PY) -m inferwatch generate dashboards --slo alerts/slos.yaml --out dashboards/generated --sketches docs/dashboards
+	$(PY) -m inferwatch generate alerts --slo inferwatch/alerts/slos.yaml --out inferwatch/alerts/generated
+	$(PY) -m inferwatch generate dashboards --slo inferwatch/alerts/slos.yaml --out inferwatch/dashboards/generated --sketches docs/dashboards
 	$(PY) -m inferwatch generate stack --out deploy
 
 check-generated: $(STAMP) ## fail when a committed generated file is stale
 	$(PY) -m pytest -q tests/test_goldens.py tests/test_coverage.py tests/test_dashboards.py \
 		tests/test_stack.py::test_deploy_is_the_generated_stack_byte_for_byte
-	$(PY) -m inferwatch generate alerts --slo alerts/slos.yaml --out alerts/generated --check
-	$(PY) -m inferwatch generate dashboards --slo alerts/slos.yaml --out dashboards/generated --sketches docs/dashboards --check
+	$(PY) -m inferwatch generate alerts --slo inferwatch/alerts/slos.yaml --out inferwatch/alerts/generated --check
+	$(PY) -m inferwatch generate dashboards --slo inferwatch/alerts/slos.yaml --out inferwatch/dashboards/generated --sketches docs/dashboards --check
 
 clean: ## remove the virtualenv and caches
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

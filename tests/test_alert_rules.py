@@ -26,7 +26,7 @@ from inferwatch.core import vocabulary as V
 from tests.conftest import ROOT, free_port, require_tool
 
 ALERT_TESTS = ROOT / "tests" / "alerts"
-GENERATED = ROOT / "alerts" / "generated"
+GENERATED = ROOT / "inferwatch" / "alerts" / "generated"
 RULES = GENERATED / "rules.yml"
 ALERTMANAGER = GENERATED / "alertmanager.yml"
 RULE_FILES_FROM_TESTS = "../../alerts/generated/rules.yml"

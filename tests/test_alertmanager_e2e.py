@@ -236,7 +236,9 @@ def alert_stack(
     # the SLO file: the SLOs that ship with inferwatch, and an alerts section for this test
     settings = {"webhook_url": f"{collector}/api/v1/alerts/webhook", **ROUTE_TIMINGS, **(alerts or {})}
     slo_file = tmp / "slos.yaml"
-    slo_file.write_text((ROOT / "alerts" / "slos.yaml").read_text() + yaml.safe_dump({"alerts": settings}))
+    slo_file.write_text(
+        (ROOT / "inferwatch" / "alerts" / "slos.yaml").read_text() + yaml.safe_dump({"alerts": settings})
+    )
     generated = generate(load(slo_file, V.Vocabulary()), V.Vocabulary())
     (tmp / "alertmanager.yml").write_text(generated["alertmanager.yml"])
     (tmp / "notify.yaml").write_text(yaml.safe_dump(notify))

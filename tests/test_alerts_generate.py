@@ -15,8 +15,8 @@ from inferwatch.core import vocabulary as V
 from inferwatch.core.slo import BURN_PAIRS, SLOFileError, burn_factor, load, parse
 from tests.conftest import ROOT
 
-SLOS = ROOT / "alerts" / "slos.yaml"
-GENERATED = ROOT / "alerts" / "generated"
+SLOS = ROOT / "inferwatch" / "alerts" / "slos.yaml"
+GENERATED = ROOT / "inferwatch" / "alerts" / "generated"
 
 
 def test_goldens_regenerate_byte_for_byte(update_goldens: bool) -> None:

@@ -575,7 +575,7 @@ def test_value_and_resource_helpers() -> None:
 
 
 def test_every_source_module_is_dispatched() -> None:
-    modules = {p.stem for p in (ROOT / "collector" / "sources").glob("*.py")} - {"__init__", "common"}
+    modules = {p.stem for p in (ROOT / "inferwatch" / "collector" / "sources").glob("*.py")} - {"__init__", "common"}
     dispatched = {s.__name__.rsplit(".", 1)[-1] for s in sources.SOURCES if isinstance(s, ModuleType)}
     assert dispatched == modules and len(sources.SOURCES) == len(modules)
 

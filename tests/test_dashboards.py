@@ -27,9 +27,9 @@ from inferwatch.exporters.coverage import matrix as coverage_matrix
 from inferwatch.exporters.engines import builtin_registry
 from tests.conftest import ROOT, require_tool
 
-GENERATED = ROOT / "dashboards" / "generated"
+GENERATED = ROOT / "inferwatch" / "dashboards" / "generated"
 SKETCHES = ROOT / "docs" / "dashboards"
-SLO_FILE = ROOT / "alerts" / "slos.yaml"
+SLO_FILE = ROOT / "inferwatch" / "alerts" / "slos.yaml"
 RAW_ENGINE_PREFIXES = ("vllm:", "tgi_", "trtllm_", "nv_")
 RANGE_FUNCTION = re.compile(r"\b(rate|increase|irate)\((?P<arg>[^\[]*)\[(?P<range>[^\]]+)\]")
 VARIABLE = re.compile(r"\$\{?(?P<name>\w+)")
@@ -424,7 +424,7 @@ def test_dashboard_code_names_no_engine() -> None:
     docstrings) spells an engine's name."""
     names = {n.lower() for n in V.ENGINES}
     word = re.compile(r"[a-z0-9]+")
-    for path in sorted((ROOT / "dashboards").rglob("*.py")):
+    for path in sorted((ROOT / "inferwatch" / "dashboards").rglob("*.py")):
         tree = ast.parse(path.read_text())
         docstrings = {
             id(node.body[0].value)

@@ -70,7 +70,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     prometheus_bin = require_tool("prometheus")
     tmp = tmp_path_factory.mktemp("e2e")
     # rules: the default SLOs, with alert durations short enough for a test
-    slo_text = (ROOT / "alerts" / "slos.yaml").read_text()
+    slo_text = (ROOT / "inferwatch" / "alerts" / "slos.yaml").read_text()
     spec = parse_slos(slo_text, "slos.yaml", V.Vocabulary())
     spec = spec.model_copy(update={"alerts": spec.alerts.model_copy(update=FAST_ALERTS)})
     files = generate_alerts(spec, V.Vocabulary())
@@ -169,7 +169,7 @@ def test_default_slo_rules_produce_values(stack: Stack) -> None:
 def test_every_dashboard_query_returns_series(stack: Stack) -> None:
     from inferwatch.dashboards.registry import all_queries
 
-    spec = parse_slos((ROOT / "alerts" / "slos.yaml").read_text(), "slos.yaml", V.Vocabulary())
+    spec = parse_slos((ROOT / "inferwatch" / "alerts" / "slos.yaml").read_text(), "slos.yaml", V.Vocabulary())
     wait_for_slo_series(stack)
     problems = []
     for uid, panel, query in all_queries(spec, V.Vocabulary()):
@@ -232,7 +232,7 @@ def test_every_panel_answers_for_exactly_the_engines_that_map_it(stack: Stack) -
     from inferwatch.dashboards.generate import generate as generate_dashboards
     from inferwatch.dashboards.registry import dashboards
 
-    spec = parse_slos((ROOT / "alerts" / "slos.yaml").read_text(), "slos.yaml", V.Vocabulary())
+    spec = parse_slos((ROOT / "inferwatch" / "alerts" / "slos.yaml").read_text(), "slos.yaml", V.Vocabulary())
     profiles = builtin_profiles()
     files = generate_dashboards(spec, V.Vocabulary())
     problems: list[str] = []

@@ -13,9 +13,9 @@ import pytest
 from inferwatch.core import vocabulary as V
 from tests.conftest import ROOT
 
-ENGINES_DIR = ROOT / "exporters" / "engines"
+ENGINES_DIR = ROOT / "inferwatch" / "exporters" / "engines"
 ENGINES_PACKAGE = "inferwatch.exporters.engines"
-GENERIC_FILES = [*sorted((ROOT / "exporters").glob("*.py")), ROOT / "inferwatch" / "cli" / "exporter.py"]
+GENERIC_FILES = [*sorted((ROOT / "inferwatch" / "exporters").glob("*.py")), ROOT / "inferwatch" / "cli" / "exporter.py"]
 
 ENGINE_MODULES = frozenset(p.stem for p in ENGINES_DIR.glob("*.py") if p.stem != "__init__")
 ENGINE_CONSTANTS = frozenset(

@@ -119,8 +119,8 @@ T = TypeVar("T")
 Key = tuple[tuple[str, str], ...]
 """A series or an alert: its sorted label pairs (``__name__`` included for a series)."""
 
-RULES = ROOT / "alerts" / "generated" / "rules.yml"
-SLO_FILE = ROOT / "alerts" / "slos.yaml"
+RULES = ROOT / "inferwatch" / "alerts" / "generated" / "rules.yml"
+SLO_FILE = ROOT / "inferwatch" / "alerts" / "slos.yaml"
 """The SLO file ``alerts/generated/`` is generated from."""
 SCRAPERS = 3
 SHARD_LABEL = "vmagent_member"

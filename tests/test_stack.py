@@ -26,7 +26,7 @@ REAL = ROOT / "docker-compose.real-engines.yml"
 
 
 def generated() -> dict[str, bytes]:
-    spec = load(ROOT / "alerts" / "slos.yaml", V.Vocabulary())
+    spec = load(ROOT / "inferwatch" / "alerts" / "slos.yaml", V.Vocabulary())
     return generate(spec, V.Vocabulary(), COMPOSE_LAYOUT)
 
 
@@ -71,7 +71,7 @@ def test_exporter_targets_are_file_sd_groups() -> None:
 
 
 def test_layout_options() -> None:
-    spec = load(ROOT / "alerts" / "slos.yaml", V.Vocabulary())
+    spec = load(ROOT / "inferwatch" / "alerts" / "slos.yaml", V.Vocabulary())
     layout = Layout(
         exporters=(Exporter("10.0.0.5:9400", {"replica": "a"}),),
         remote_write="http://victoria:8428/api/v1/write",

@@ -240,7 +240,10 @@ def test_no_prometheus_query_adds_the_proxy_to_the_engine() -> None:
 
     vocab = V.Vocabulary()
     assert not {m.name for m in V.CLIENT_METRICS} & {m.name for m in V.CANONICAL_METRICS}
-    exprs = [(uid, title, q.expr) for uid, title, q in all_queries(load(ROOT / "alerts" / "slos.yaml", vocab), vocab)]
+    exprs = [
+        (uid, title, q.expr)
+        for uid, title, q in all_queries(load(ROOT / "inferwatch" / "alerts" / "slos.yaml", vocab), vocab)
+    ]
     exprs += [("diagnosis", str(signal), e) for signal, e in fleet_queries("5m", Filters()).items()]
     suffix = r"(_bucket|_sum|_count)?\b"
     both = {}

@@ -175,7 +175,7 @@ def test_generate_alerts_with_the_packaged_and_a_given_slo_file(clean_cwd: Insta
     assert result.returncode == 0, result.stderr
     for name in ("rules.yml", "alertmanager.yml", "runbooks.md"):
         # the packaged default SLO file is the repository's alerts/slos.yaml: same bytes as the goldens
-        assert (out / name).read_text() == (ROOT / "alerts" / "generated" / name).read_text(), name
+        assert (out / name).read_text() == (ROOT / "inferwatch" / "alerts" / "generated" / name).read_text(), name
     slo_file = tmp_path / "mine.yaml"
     slo_file.write_text(
         yaml.safe_dump(
@@ -202,8 +202,8 @@ def test_generate_dashboards_writes_only_under_out(clean_cwd: Installed, tmp_pat
     assert result.returncode == 0, result.stderr
     written = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
     expected = sorted(
-        p.relative_to(ROOT / "dashboards" / "generated").as_posix()
-        for p in (ROOT / "dashboards" / "generated").rglob("*")
+        p.relative_to(ROOT / "inferwatch" / "dashboards" / "generated").as_posix()
+        for p in (ROOT / "inferwatch" / "dashboards" / "generated").rglob("*")
         if p.is_file()
     )
     assert written == expected

@@ -47,10 +47,10 @@ import httpx
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from sqlalchemy import make_url, text
 
-from inferwatch.collector import db
-from inferwatch.collector.models import REQUEST_TABLE
-from inferwatch.collector.rows import ROW_COLUMNS, Row, prepare, sqlite_time, values
-from inferwatch.collector.sources import map_export
+from inferwatch.collector.ingest.sources import map_export
+from inferwatch.collector.store import db
+from inferwatch.collector.store.rows import ROW_COLUMNS, Row, prepare, sqlite_time, values
+from inferwatch.collector.store.tables import REQUEST_TABLE
 from inferwatch.core import vocabulary as V
 from inferwatch.demo import free_ports
 from tests.support.spans import build_bodies

@@ -29,10 +29,10 @@ from pathlib import Path
 
 from sqlalchemy import Engine, text
 
-from inferwatch.collector import db
-from inferwatch.collector.record import RequestRecord
-from inferwatch.collector.rows import Prepared
-from inferwatch.collector.writer import Writer
+from inferwatch.collector.store import db
+from inferwatch.collector.store.record import RequestRecord
+from inferwatch.collector.store.rows import Prepared
+from inferwatch.collector.store.writer import Writer
 
 TARGET_STALL_S = 0.1
 DEFAULT_WRITE_TIMEOUT_S = inspect.signature(Writer).parameters["write_timeout"].default

@@ -35,8 +35,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 from sqlalchemy import select
 
-from inferwatch.collector import db
-from inferwatch.collector.models import REQUEST_TABLE
+from inferwatch.collector.store import db
+from inferwatch.collector.store.tables import REQUEST_TABLE
 from inferwatch.core import vocabulary as V
 from inferwatch.demo import free_ports
 from tests.support.spans import SpanBodies

@@ -7,7 +7,7 @@ executemany of tuples; indexes built afterwards), rolled up by the rollup job's 
 1h / 24h / 7d x no grouping / by model / by engine / by instance, runs interleaved with its baseline for several
 rounds (more for a case of milliseconds: :func:`best_of`); the best round of each side counts. Ours is
 ``compute_stats`` as ``/api/v1/stats`` calls it (PostgreSQL: on the stats reads' own engine,
-:func:`inferwatch.collector.db.make_stats_engine`); the baselines run on the store's engine:
+:func:`inferwatch.collector.store.db.make_stats_engine`); the baselines run on the store's engine:
 
 - PostgreSQL baseline: one statement, ``count(*)`` and ``percentile_disc(ARRAY[.5,.9,.95,.99]) WITHIN GROUP
   (ORDER BY col)`` per field over ``end_time >= since``, ``GROUP BY`` the group.
@@ -50,9 +50,11 @@ from typing import Any
 
 from sqlalchemy import Engine, text
 
-from inferwatch.collector import db, rollup, sketch, store
-from inferwatch.collector.models import REQUEST_TABLE
 from inferwatch.collector.schemas import GroupBy, Stats
+from inferwatch.collector.stats import planner as store
+from inferwatch.collector.stats import rollup, sketch
+from inferwatch.collector.store import db
+from inferwatch.collector.store.tables import REQUEST_TABLE
 from inferwatch.core.schema import E2E, GENERATION_TOKENS, PROMPT_TOKENS, QUEUE, TPOT, TTFT
 
 PG_URL = os.environ.get("INFERWATCH_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")

@@ -174,7 +174,7 @@ def postgres_schema(prefix: str = "iw_test") -> Iterator[str]:
 def migrated_engine(backend: str, tmp_path: Path, prefix: str) -> Iterator[Any]:
     """An engine on a store migrated to head: SQLite under ``tmp_path``, or a scratch PostgreSQL schema named
     after ``prefix`` (:func:`postgres_schema`); disposed on exit."""
-    from inferwatch.collector import db
+    from inferwatch.collector.store import db
 
     with contextlib.ExitStack() as stack:
         url = db.default_url(tmp_path) if backend == "sqlite" else stack.enter_context(postgres_schema(prefix))

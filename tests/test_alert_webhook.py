@@ -13,9 +13,9 @@ import yaml
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
-from inferwatch.collector.app import create_app
-from inferwatch.collector.config import CollectorSettings
-from inferwatch.collector.models import ALERTS_TABLE, DELIVERIES_TABLE, INCIDENTS_TABLE, NOTIFICATIONS_TABLE
+from inferwatch.collector.api.app import create_app
+from inferwatch.collector.settings import CollectorSettings
+from inferwatch.collector.store.tables import ALERTS_TABLE, DELIVERIES_TABLE, INCIDENTS_TABLE, NOTIFICATIONS_TABLE
 from inferwatch.core import vocabulary as V
 from tests.conftest import postgres_schema
 from tests.support.alertmanager import alert, notification
@@ -153,7 +153,7 @@ def test_oversize_and_tokens(tmp_path: Path) -> None:
         assert client.get(f"/incidents/{incident}").status_code == 401
         assert client.get(f"/incidents/{incident}?key=forged").status_code == 401
         key = client.app.state.collector.alerts.links  # type: ignore[attr-defined]
-        from inferwatch.collector.alerting.enrich import incident_key
+        from inferwatch.collector.incidents.enrich import incident_key
 
         page = client.get(f"/incidents/{incident}", params={"key": incident_key(key.secret, incident)})
         assert page.status_code == 200 and "text/html" in page.headers["content-type"]
@@ -167,7 +167,7 @@ def test_oversize_and_tokens(tmp_path: Path) -> None:
 def test_a_bad_notify_file_refuses_to_start(tmp_path: Path) -> None:
     path = tmp_path / "notify.yaml"
     path.write_text("receivers:\n  - name: chat\n    url: not-a-url\n    format: slack\n")
-    from inferwatch.collector.alerting.notify import NotifyConfigError
+    from inferwatch.collector.incidents.notify import NotifyConfigError
 
     with pytest.raises(NotifyConfigError, match=r"line 3: receivers\.0\.url"):
         create_app(CollectorSettings(data_dir=tmp_path, grpc_listen=None, notify_config=path))
@@ -232,7 +232,7 @@ def test_a_hanging_receiver_does_not_stop_the_shutdown(tmp_path: Path, monkeypat
     writer and closes the store after the worker's grace period."""
     import socket
 
-    from inferwatch.collector.alerting import worker
+    from inferwatch.collector.incidents import worker
 
     monkeypatch.setattr(worker, "STOP_SECONDS", 0.5)
     hang = socket.create_server(("127.0.0.1", 0))

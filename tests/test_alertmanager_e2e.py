@@ -33,7 +33,7 @@ import pytest
 import yaml
 
 from inferwatch.alerts.generate import generate
-from inferwatch.collector.alerting.markup import slack_text
+from inferwatch.collector.incidents.markup import slack_text
 from inferwatch.core import vocabulary as V
 from inferwatch.core.slo import load
 from tests.conftest import ROOT, free_port, require_tool

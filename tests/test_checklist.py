@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from inferwatch.collector.diagnosis.checklist import evaluate
 from inferwatch.collector.diagnosis.report import TargetChecklist
 from inferwatch.collector.diagnosis.signals import Observation, TargetKey, TargetSignals
+from inferwatch.collector.diagnosis.tuning import evaluate
 from inferwatch.core import vocabulary as V
 from inferwatch.core.capacity import ModelShape
 from inferwatch.core.checklist import Check, Verdict

@@ -11,9 +11,9 @@ from typer.testing import CliRunner
 from inferwatch.cli import app
 from inferwatch.core import vocabulary as V
 from inferwatch.core.config import ConfigError, parse_listen
-from inferwatch.exporters.config import load_exporter_config
 from inferwatch.exporters.engines import EngineRegistry
 from inferwatch.exporters.engines import vllm as vllm_engine
+from inferwatch.exporters.targets import load_exporter_config
 from tests.conftest import ENGINE_FIXTURES
 from tests.helpers import value
 

@@ -20,9 +20,9 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
-from inferwatch.collector import record as R
-from inferwatch.collector.app import create_app
-from inferwatch.collector.config import CollectorSettings
+from inferwatch.collector.api.app import create_app
+from inferwatch.collector.settings import CollectorSettings
+from inferwatch.collector.store import record as R
 from tests.conftest import ROOT, free_port, postgres_schema, served_in_thread
 
 CAPTURE = ROOT / "tests" / "fixtures" / "otlp" / "vllm-0.32.0-cpu"

@@ -41,15 +41,15 @@ from sqlalchemy import Engine, create_engine, func, make_url, select, text
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.pool import NullPool
 
-from inferwatch.collector import db
-from inferwatch.collector.app import create_app
-from inferwatch.collector.config import CollectorSettings
-from inferwatch.collector.datadir import DataDirInUse
-from inferwatch.collector.ingest import CollectorMetrics, Ingestor
-from inferwatch.collector.models import REQUEST_TABLE
-from inferwatch.collector.record import RequestRecord
-from inferwatch.collector.sources import MappedBatch
-from inferwatch.collector.writer import Writer, record_from_json
+from inferwatch.collector.api.app import create_app
+from inferwatch.collector.ingest.pipeline import CollectorMetrics, Ingestor
+from inferwatch.collector.ingest.sources import MappedBatch
+from inferwatch.collector.settings import CollectorSettings
+from inferwatch.collector.store import db
+from inferwatch.collector.store.datadir import DataDirInUse
+from inferwatch.collector.store.record import RequestRecord
+from inferwatch.collector.store.tables import REQUEST_TABLE
+from inferwatch.collector.store.writer import Writer, record_from_json
 from inferwatch.core import vocabulary as V
 from tests.conftest import ROOT, free_port, postgres_schema, served_in_thread
 from tests.helpers import value

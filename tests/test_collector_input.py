@@ -33,12 +33,12 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
 )
 
-from inferwatch.collector import otlp
-from inferwatch.collector.app import create_app
-from inferwatch.collector.config import CollectorSettings
-from inferwatch.collector.otlp import JSON, PROTOBUF, OtlpError
-from inferwatch.collector.prepare import PreparedExport
-from inferwatch.collector.sources import map_export
+from inferwatch.collector.api.app import create_app
+from inferwatch.collector.ingest import otlp
+from inferwatch.collector.ingest.otlp import JSON, PROTOBUF, OtlpError
+from inferwatch.collector.ingest.prepare import PreparedExport
+from inferwatch.collector.ingest.sources import map_export
+from inferwatch.collector.settings import CollectorSettings
 from tests.conftest import free_port, postgres_schema
 from tests.support.stack import Processes
 

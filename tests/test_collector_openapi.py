@@ -13,11 +13,12 @@ from fastapi.testclient import TestClient
 from google.rpc import status_pb2
 from pydantic import BaseModel, ValidationError
 
-from inferwatch.collector import schemas, store
-from inferwatch.collector.app import create_app
-from inferwatch.collector.config import CollectorSettings
-from inferwatch.collector.models import REQUEST_TABLE
-from inferwatch.collector.otlp import JSON, PROTOBUF
+from inferwatch.collector import schemas
+from inferwatch.collector.api.app import create_app
+from inferwatch.collector.ingest.otlp import JSON, PROTOBUF
+from inferwatch.collector.settings import CollectorSettings
+from inferwatch.collector.stats import planner as store
+from inferwatch.collector.store.tables import REQUEST_TABLE
 from inferwatch.core.schema import E2E, QUEUE, TPOT, TTFT
 from tests.conftest import ROOT
 from tests.test_collector_app import to_otlp_json

@@ -25,10 +25,10 @@ from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Sp
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from inferwatch.collector import record as R
-from inferwatch.collector import sources
-from inferwatch.collector.sources import MappedBatch, map_export, tgi, vllm
-from inferwatch.collector.sources.common import ExportIndex, SpanView, any_value, resource_info, timestamp
+from inferwatch.collector.ingest import sources
+from inferwatch.collector.ingest.sources import MappedBatch, map_export, tgi, vllm
+from inferwatch.collector.ingest.sources.shared import ExportIndex, SpanView, any_value, resource_info, timestamp
+from inferwatch.collector.store import record as R
 from inferwatch.simulator.base import SimSettings
 from inferwatch.simulator.server import create_app
 from tests.conftest import ROOT, in_process
@@ -575,7 +575,10 @@ def test_value_and_resource_helpers() -> None:
 
 
 def test_every_source_module_is_dispatched() -> None:
-    modules = {p.stem for p in (ROOT / "inferwatch" / "collector" / "sources").glob("*.py")} - {"__init__", "common"}
+    modules = {p.stem for p in (ROOT / "inferwatch" / "collector" / "ingest" / "sources").glob("*.py")} - {
+        "__init__",
+        "shared",
+    }
     dispatched = {s.__name__.rsplit(".", 1)[-1] for s in sources.SOURCES if isinstance(s, ModuleType)}
     assert dispatched == modules and len(sources.SOURCES) == len(modules)
 

@@ -22,10 +22,10 @@ from hypothesis import strategies as st
 from sqlalchemy import Engine, Index, MetaData, RowMapping, create_engine, func, inspect, select, text
 from sqlalchemy.pool import NullPool
 
-from inferwatch.collector import db
-from inferwatch.collector.models import METADATA, NAMING_CONVENTION, REQUEST_TABLE, TABLE_NAME
-from inferwatch.collector.record import CACHED_TOKENS, E2E, TTFT, RequestRecord
-from inferwatch.collector.writer import RECORD_FIELDS, Writer, record_from_json, record_to_json
+from inferwatch.collector.store import db
+from inferwatch.collector.store.record import CACHED_TOKENS, E2E, TTFT, RequestRecord
+from inferwatch.collector.store.tables import METADATA, NAMING_CONVENTION, REQUEST_TABLE, TABLE_NAME
+from inferwatch.collector.store.writer import RECORD_FIELDS, Writer, record_from_json, record_to_json
 from tests.conftest import postgres_schema
 
 T0 = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
@@ -596,7 +596,7 @@ def test_copy_lines_store_what_core_would(pg_store: Engine, records: list[Reques
 def test_usual_rows_take_the_batched_copy_path(monkeypatch: pytest.MonkeyPatch) -> None:
     """A usual batch (UTC times, finite numbers, plain text) never goes field by field (the slow path costs
     three times as much in the workers); a row that needs escaping does, alone in its batch."""
-    from inferwatch.collector import rows
+    from inferwatch.collector.store import rows
 
     slow: list[str] = []
     reference = rows.copy_line
@@ -622,7 +622,7 @@ def test_spool_lines_read_back_into_the_same_record() -> None:
     import json
     import math
 
-    from inferwatch.collector.rows import dumps, prepare
+    from inferwatch.collector.store.rows import dumps, prepare
 
     cases = [
         make_record(1, attributes={"x": [0.1, None, "é", {"deep": [1e-300, 2**63 - 1]}]}),
@@ -648,7 +648,7 @@ def test_retention_deletes_in_short_steps_between_inserts(store: Engine, tmp_pat
     """A retention pass is many small delete transactions, each sized to about 30 ms, with the queued inserts
     served between them: the writer never stalls for a whole pass (it used to: 2-3.4 s on SQLite). The bench
     (bench/retention.py) holds the longest step under 100 ms; here a loaded CI machine gets some slack."""
-    from inferwatch.collector.rows import Prepared
+    from inferwatch.collector.store.rows import Prepared
 
     now = datetime.now(UTC)
     for first in range(0, 30_000, 5000):
@@ -700,7 +700,7 @@ def test_refusal_shortcut_says_what_the_walk_says(attributes: dict[Any, Any], re
     of these, and each record's spool line (orjson's encoding of the record where it can) reads back the same."""
     import json
 
-    from inferwatch.collector import rows
+    from inferwatch.collector.store import rows
 
     record = make_record(1, attributes=attributes)
     assert rows.refusal(record, "postgresql") == reason

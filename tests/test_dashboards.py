@@ -16,13 +16,13 @@ import yaml
 from inferwatch.core import vocabulary as V
 from inferwatch.core.engines import builtin_profiles
 from inferwatch.core.slo import SLOFile, alert_windows, load
-from inferwatch.dashboards import model as M
+from inferwatch.dashboards import panels as M
 from inferwatch.dashboards import promql as P
 from inferwatch.dashboards.boards import requests, slos
-from inferwatch.dashboards.coverage import SQL_NO_DATA
+from inferwatch.dashboards.gaps import SQL_NO_DATA
 from inferwatch.dashboards.generate import DASHBOARDS_PROVIDER_FILE, DATASOURCES_FILE, generate
+from inferwatch.dashboards.layout_png import sketches, wrap
 from inferwatch.dashboards.registry import UIDS, all_queries, dashboards
-from inferwatch.dashboards.sketch import sketches, wrap
 from inferwatch.exporters.coverage import matrix as coverage_matrix
 from inferwatch.exporters.engines import builtin_registry
 from tests.conftest import ROOT, require_tool
@@ -276,7 +276,7 @@ def test_slo_dashboard_covers_every_slo(spec: SLOFile) -> None:
 
 
 def test_requests_dashboard_reads_the_collector_table(boards: dict[str, dict[str, Any]]) -> None:
-    from inferwatch.collector.models import REQUEST_TABLE, TABLE_NAME
+    from inferwatch.collector.store.tables import REQUEST_TABLE, TABLE_NAME
 
     board = boards[f"{requests.UID}.json"]
     sql = [t["rawSql"] for p in _data_panels(board) for t in p.get("targets", []) if t.get("rawSql")]

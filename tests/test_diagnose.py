@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from inferwatch.collector.diagnosis import exporters
+from inferwatch.collector.diagnosis import exporter_scrape
 from inferwatch.collector.diagnosis.evaluate import Settings, diagnose, remedy_text
 from inferwatch.collector.diagnosis.prometheus import fleet_queries, selector, window_seconds
 from inferwatch.collector.diagnosis.signals import Filters, Fleet, TargetKey
@@ -224,14 +224,14 @@ def _exposition(requests: dict[str, float], preemptions: float, waiting: float, 
 
 
 def test_exporter_mode_rates_and_quantiles_from_two_scrapes() -> None:
-    a = exporters._parse(
+    a = exporter_scrape._parse(
         _exposition({"stop": 100, "error": 0}, 10, 2, [("0.5", 50), ("1.0", 100), ("+Inf", 100)]), "h:9400", 0.0
     )
-    b = exporters._parse(
+    b = exporter_scrape._parse(
         _exposition({"stop": 180, "error": 20}, 30, 4, [("0.5", 50), ("1.0", 150), ("+Inf", 200)]), "h:9400", 10.0
     )
     fleet = Fleet("exporters", "10s", 10.0)
-    exporters._signals("http://h:9400/metrics", a, b, fleet)
+    exporter_scrape._signals("http://h:9400/metrics", a, b, fleet)
     target = fleet.targets[TargetKey(V.ENGINE_VLLM, "m", "h:9400")]
     got = {s: o.value for s, o in target.values.items()}
     assert got[Signal.REQUEST_RATE] == 10.0
@@ -245,18 +245,18 @@ def test_exporter_mode_rates_and_quantiles_from_two_scrapes() -> None:
 
 
 def test_exporter_urls() -> None:
-    assert exporters.metrics_url("http://h:9400") == "http://h:9400/metrics"
-    assert exporters.metrics_url("http://h:9400/custom") == "http://h:9400/custom"
+    assert exporter_scrape.metrics_url("http://h:9400") == "http://h:9400/metrics"
+    assert exporter_scrape.metrics_url("http://h:9400/custom") == "http://h:9400/custom"
     with pytest.raises(ValueError, match="exporter URL"):
-        exporters.metrics_url("h:9400")
+        exporter_scrape.metrics_url("h:9400")
 
 
 def test_preemptions_are_seen_while_no_request_has_finished_yet() -> None:
     """Under load a real CPU vLLM finished nothing in the first seconds, yet preempted: still diagnosed."""
-    a = exporters._parse(_exposition({"stop": 5}, 10, 8, [("+Inf", 5)]), "h:9400", 0.0)
-    b = exporters._parse(_exposition({"stop": 5}, 30, 9, [("+Inf", 5)]), "h:9400", 6.0)
+    a = exporter_scrape._parse(_exposition({"stop": 5}, 10, 8, [("+Inf", 5)]), "h:9400", 0.0)
+    b = exporter_scrape._parse(_exposition({"stop": 5}, 30, 9, [("+Inf", 5)]), "h:9400", 6.0)
     fleet = Fleet("exporters", "6s", 6.0)
-    exporters._signals("http://h:9400/metrics", a, b, fleet)
+    exporter_scrape._signals("http://h:9400/metrics", a, b, fleet)
     result = diagnose(fleet, PROFILES)
     assert [(f.symptom, f.severity) for f in result.findings] == [(Symptom.PREEMPTIONS, Status.CRITICAL)]
 
@@ -272,8 +272,8 @@ def test_docs_cover_every_symptom() -> None:
 def test_on_call_routes_need_the_read_token(tmp_path: Path) -> None:
     from fastapi.testclient import TestClient
 
-    from inferwatch.collector.app import create_app
-    from inferwatch.collector.config import CollectorSettings
+    from inferwatch.collector.api.app import create_app
+    from inferwatch.collector.settings import CollectorSettings
 
     settings = CollectorSettings(data_dir=tmp_path, grpc_listen=None, read_tokens=["r"], ingest_tokens=["i"])
     with TestClient(create_app(settings)) as client:

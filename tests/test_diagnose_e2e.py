@@ -19,11 +19,11 @@ import pytest
 from fastapi.testclient import TestClient
 
 from inferwatch.alerts.generate import generate as generate_alerts
-from inferwatch.collector.app import create_app
-from inferwatch.collector.config import CollectorSettings
+from inferwatch.collector.api.app import create_app
+from inferwatch.collector.diagnosis.diagnoser import OnCall
 from inferwatch.collector.diagnosis.report import Diagnosis
-from inferwatch.collector.diagnosis.service import OnCall
 from inferwatch.collector.diagnosis.signals import Filters
+from inferwatch.collector.settings import CollectorSettings
 from inferwatch.core import resources
 from inferwatch.core import vocabulary as V
 from inferwatch.core.engines import builtin_profiles

@@ -24,8 +24,8 @@ from inferwatch.alerts.generate import generate as generate_alerts
 from inferwatch.core import vocabulary as V
 from inferwatch.core.engines import builtin_profiles
 from inferwatch.core.slo import parse as parse_slos
-from inferwatch.dashboards import coverage
-from inferwatch.dashboards.model import Query
+from inferwatch.dashboards import gaps as coverage
+from inferwatch.dashboards.panels import Query
 from inferwatch.exporters.coverage import matrix
 from inferwatch.exporters.engines import builtin_registry
 from tests.conftest import ROOT, free_port, require_tool

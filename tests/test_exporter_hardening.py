@@ -25,9 +25,9 @@ import httpx
 import pytest
 
 from inferwatch.core import vocabulary as V
-from inferwatch.exporters.config import ExporterConfig, TargetConfig
 from inferwatch.exporters.engines import EngineRegistry
 from inferwatch.exporters.server import Exporter
+from inferwatch.exporters.targets import ExporterConfig, TargetConfig
 from tests.conftest import ENGINE_FIXTURES, ROOT, free_port
 from tests.helpers import samples, value
 from tests.support import fake_engines as fake

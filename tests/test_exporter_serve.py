@@ -18,11 +18,11 @@ import pytest
 
 from inferwatch.core import vocabulary as V
 from inferwatch.core.config import ConfigError
-from inferwatch.exporters.config import ExporterConfig, TargetConfig
 from inferwatch.exporters.engines import EngineRegistry
 from inferwatch.exporters.engines import trtllm as trtllm_engine
 from inferwatch.exporters.mapping import EngineSession
 from inferwatch.exporters.server import Exporter
+from inferwatch.exporters.targets import ExporterConfig, TargetConfig
 from tests.conftest import ENGINE_FIXTURES, ROOT, free_port
 from tests.helpers import has, value
 from tests.support.replay import TEXT, ReplayServer, fixture_routes

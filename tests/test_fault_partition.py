@@ -32,10 +32,11 @@ import pytest
 import yaml
 from sqlalchemy import Engine, make_url, select
 
-from inferwatch.collector import db, store
-from inferwatch.collector.app import create_app
-from inferwatch.collector.config import CollectorSettings
-from inferwatch.collector.models import INCIDENTS_TABLE
+from inferwatch.collector.api.app import create_app
+from inferwatch.collector.settings import CollectorSettings
+from inferwatch.collector.stats import planner as store
+from inferwatch.collector.store import db
+from inferwatch.collector.store.tables import INCIDENTS_TABLE
 from inferwatch.core import vocabulary as V
 from tests.conftest import postgres_schema
 from tests.support.alertmanager import alert, notification

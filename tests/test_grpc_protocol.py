@@ -21,12 +21,12 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
-from inferwatch.collector import grpc_server
-from inferwatch.collector.app import create_app
-from inferwatch.collector.config import CollectorSettings
-from inferwatch.collector.ingest import CollectorMetrics, Ingestor, IngestResult
-from inferwatch.collector.otlp import PROTOBUF
-from inferwatch.collector.prepare import PreparedExport
+from inferwatch.collector.api.app import create_app
+from inferwatch.collector.ingest import grpc_server
+from inferwatch.collector.ingest.otlp import PROTOBUF
+from inferwatch.collector.ingest.pipeline import CollectorMetrics, Ingestor, IngestResult
+from inferwatch.collector.ingest.prepare import PreparedExport
+from inferwatch.collector.settings import CollectorSettings
 from tests.conftest import ROOT, free_port
 
 CAPTURE = ROOT / "tests" / "fixtures" / "otlp" / "vllm-0.32.0-cpu"

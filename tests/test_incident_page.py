@@ -31,9 +31,9 @@ import httpx
 import pytest
 import yaml
 
-from inferwatch.collector.alerting.enrich import incident_key
-from inferwatch.collector.app import create_app
-from inferwatch.collector.config import CollectorSettings
+from inferwatch.collector.api.app import create_app
+from inferwatch.collector.incidents.enrich import incident_key
+from inferwatch.collector.settings import CollectorSettings
 from inferwatch.core import vocabulary as V
 from tests.conftest import ROOT, free_port, require_tool, served_in_thread
 from tests.support.alertmanager import alert, notification

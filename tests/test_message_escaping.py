@@ -18,10 +18,10 @@ import pytest
 import yaml
 from fastapi.testclient import TestClient
 
-from inferwatch.collector.alerting.markup import SLACK_LINK_BAR, slack_link, slack_text
-from inferwatch.collector.alerting.messages import AlertSummary, DashboardLink, Enrichment, IncidentMessage, slack_body
-from inferwatch.collector.app import create_app
-from inferwatch.collector.config import CollectorSettings
+from inferwatch.collector.api.app import create_app
+from inferwatch.collector.incidents.markup import SLACK_LINK_BAR, slack_link, slack_text
+from inferwatch.collector.incidents.messages import AlertSummary, DashboardLink, Enrichment, IncidentMessage, slack_body
+from inferwatch.collector.settings import CollectorSettings
 from tests.support.alertmanager import alert, notification
 from tests.support.hostile import NOW, URLS, hostile_finding, hostile_request
 from tests.support.sink import Sink, running_sink

@@ -27,10 +27,9 @@ import pytest
 from sqlalchemy import Connection, Engine, func, insert, select, update
 
 from inferwatch import __version__
-from inferwatch.collector import db
-from inferwatch.collector.alerting.intake import FIRING, PENDING, RESOLVED
-from inferwatch.collector.alerting.messages import IncidentMessage
-from inferwatch.collector.alerting.notify import (
+from inferwatch.collector.incidents.intake import FIRING, PENDING, RESOLVED
+from inferwatch.collector.incidents.messages import IncidentMessage
+from inferwatch.collector.incidents.notify import (
     NotifyConfig,
     NotifyConfigError,
     Receiver,
@@ -38,8 +37,9 @@ from inferwatch.collector.alerting.notify import (
     load_notify_config,
     parse_notify_config,
 )
-from inferwatch.collector.alerting.outbox import DEAD, DELIVERED, Dispatcher, fan_out, retry_after_seconds
-from inferwatch.collector.models import (
+from inferwatch.collector.incidents.outbox import DEAD, DELIVERED, Dispatcher, fan_out, retry_after_seconds
+from inferwatch.collector.store import db
+from inferwatch.collector.store.tables import (
     ALERTS_TABLE,
     DELIVERIES_TABLE,
     DELIVERY_ATTEMPTS_TABLE,

@@ -36,8 +36,8 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from inferwatch.cli.collector import uvicorn_config
-from inferwatch.collector.app import create_app
-from inferwatch.collector.config import CollectorSettings
+from inferwatch.collector.api.app import create_app
+from inferwatch.collector.settings import CollectorSettings
 from tests.conftest import free_port
 
 EXAMPLES = int(os.environ.get("INFERWATCH_FUZZ_EXAMPLES", "60"))

@@ -31,10 +31,10 @@ from typing import Any
 import httpx
 import pytest
 
-from inferwatch.collector.alerting.enrich import incident_key
-from inferwatch.collector.alerting.page import render
-from inferwatch.collector.app import create_app
-from inferwatch.collector.config import CollectorSettings
+from inferwatch.collector.api.app import create_app
+from inferwatch.collector.incidents.enrich import incident_key
+from inferwatch.collector.incidents.page import render
+from inferwatch.collector.settings import CollectorSettings
 from tests.conftest import served_in_thread
 from tests.support.alertmanager import alert, notification
 from tests.support.chromium import Browser, Loaded, chromium_binary, running_chromium

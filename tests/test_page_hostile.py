@@ -23,10 +23,10 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from inferwatch.collector.alerting.markup import web_url
-from inferwatch.collector.alerting.page import render
-from inferwatch.collector.app import create_app
-from inferwatch.collector.config import CollectorSettings
+from inferwatch.collector.api.app import create_app
+from inferwatch.collector.incidents.markup import web_url
+from inferwatch.collector.incidents.page import render
+from inferwatch.collector.settings import CollectorSettings
 from tests.support.alertmanager import alert, notification
 from tests.support.hostile import ALL_MARKUP, MARKUP, NOW, URLS, audit, hostile_detail
 

@@ -32,8 +32,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from text_generation import Client as TgiClient
 
 from inferwatch.cli.common import loop_factory
-from inferwatch.collector.record import RequestRecord
-from inferwatch.collector.sources import map_export
+from inferwatch.collector.ingest.sources import map_export
+from inferwatch.collector.store.record import RequestRecord
 from inferwatch.core import vocabulary as V
 from inferwatch.proxy.apis import read_models
 from inferwatch.proxy.measure import SseReader

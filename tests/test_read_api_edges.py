@@ -16,10 +16,12 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from inferwatch.collector import db, rollup, store
-from inferwatch.collector.app import create_app
-from inferwatch.collector.config import CollectorSettings
-from inferwatch.collector.record import RequestRecord
+from inferwatch.collector.api.app import create_app
+from inferwatch.collector.settings import CollectorSettings
+from inferwatch.collector.stats import planner as store
+from inferwatch.collector.stats import rollup
+from inferwatch.collector.store import db
+from inferwatch.collector.store.record import RequestRecord
 from tests.conftest import postgres_schema
 
 

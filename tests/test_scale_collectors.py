@@ -55,8 +55,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 from sqlalchemy import Engine, create_engine, select, text, tuple_
 from sqlalchemy.pool import NullPool
 
-from inferwatch.collector.config import CollectorSettings
-from inferwatch.collector.models import REQUEST_TABLE
+from inferwatch.collector.settings import CollectorSettings
+from inferwatch.collector.store.tables import REQUEST_TABLE
 from inferwatch.core import vocabulary as V
 from inferwatch.demo import free_ports
 from tests.conftest import postgres_schema

@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 
 from inferwatch.simulator.base import SimSettings, SimulatedEngine
 from inferwatch.simulator.clock import VirtualClock, run_virtual
-from inferwatch.simulator.model import EngineParams, Finish, Sequence, ServingModel, StepReport
 from inferwatch.simulator.profiles import PROFILES
 from inferwatch.simulator.runtime import EngineLoop, lognormal_int
+from inferwatch.simulator.scheduler import EngineParams, Finish, Sequence, ServingModel, StepReport
 
 
 def run(

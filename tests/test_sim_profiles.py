@@ -13,7 +13,7 @@ import pytest
 from inferwatch.core import vocabulary as V
 from inferwatch.exporters.engines import builtin_registry
 from inferwatch.exporters.mapping import TranslateContext, translate_text
-from inferwatch.exporters.model import Snapshot
+from inferwatch.exporters.samples import Snapshot
 from inferwatch.simulator.base import SimSettings
 from inferwatch.simulator.clock import VirtualClock
 from inferwatch.simulator.server import create_app, default_params

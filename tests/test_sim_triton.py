@@ -18,13 +18,13 @@ import httpx
 from inferwatch.core import vocabulary as V
 from inferwatch.exporters.engines import builtin_registry
 from inferwatch.exporters.mapping import TranslateContext, translate_text
-from inferwatch.exporters.model import Snapshot
+from inferwatch.exporters.samples import Snapshot
 from inferwatch.simulator.base import SimSettings, count_tokens
 from inferwatch.simulator.clock import VirtualClock, run_virtual
 from inferwatch.simulator.engines.triton import metrics as T
 from inferwatch.simulator.engines.triton import repository as R
 from inferwatch.simulator.engines.triton.api import VERSION
-from inferwatch.simulator.model import EngineParams
+from inferwatch.simulator.scheduler import EngineParams
 from inferwatch.simulator.server import create_app
 from tests.conftest import ENGINE_FIXTURES, in_process
 from tests.fidelity import diff, schema

@@ -23,13 +23,13 @@ from inferwatch.core import vocabulary as V
 from inferwatch.exporters.engines import builtin_registry
 from inferwatch.exporters.engines.trtllm import IterationStatsAccumulator
 from inferwatch.exporters.mapping import TranslateContext, translate_text
-from inferwatch.exporters.model import Snapshot
+from inferwatch.exporters.samples import Snapshot
 from inferwatch.simulator.base import SimSettings, SimulatedEngine
 from inferwatch.simulator.clock import VirtualClock, run_virtual
 from inferwatch.simulator.engines.trtllm import api as trtllm
 from inferwatch.simulator.engines.trtllm.catalog import NUM_REQUESTS_RUNNING, SCHEDULED_BATCH_SIZE
 from inferwatch.simulator.engines.trtllm.spans import SCOPE, SPAN_NAME
-from inferwatch.simulator.model import EngineParams
+from inferwatch.simulator.scheduler import EngineParams
 from inferwatch.simulator.server import create_app
 from tests.conftest import ENGINE_FIXTURES, in_process, served_in_thread
 from tests.fidelity import diff, schema

@@ -18,7 +18,7 @@ from inferwatch.exporters.engines import builtin_registry
 from inferwatch.exporters.mapping import TranslateContext, translate_text
 from inferwatch.simulator.base import SimSettings
 from inferwatch.simulator.clock import VirtualClock, run_virtual
-from inferwatch.simulator.model import EngineParams
+from inferwatch.simulator.scheduler import EngineParams
 from inferwatch.simulator.server import create_app
 from tests.conftest import ENGINE_FIXTURES, in_process, served_in_thread
 from tests.fidelity import diff, schema

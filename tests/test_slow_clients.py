@@ -23,9 +23,8 @@ import httpx
 import uvicorn
 
 from inferwatch.cli.collector import uvicorn_config
-from inferwatch.collector.config import CollectorSettings
-from inferwatch.collector.otlp import DEFAULT_MAX_BODY
-from inferwatch.collector.slowclients import BODY_GRACE_S, BoundedHttpToolsProtocol, UploadGate
+from inferwatch.collector.api.slowclients import BODY_GRACE_S, BoundedHttpToolsProtocol, UploadGate
+from inferwatch.collector.settings import DEFAULT_MAX_BODY, CollectorSettings
 from inferwatch.core.connections import FD_RESERVE, ConnectionGate, connection_cap
 from tests.conftest import free_port
 from tests.support.slowloris import (

@@ -1,6 +1,6 @@
 """The spool against a model: every record it acknowledged comes back, exactly once, in order, at any size.
 
-A hypothesis state machine drives one :class:`~inferwatch.collector.spool.Spool` with small segments
+A hypothesis state machine drives one :class:`~inferwatch.collector.store.spool.Spool` with small segments
 (a few records each, so segments close all the time) through the calls the writer makes, in any
 order: append (write + fsync), read back from the cursor, commit a mark read before, ``finish`` (empty
 the spool once all of it is committed), ``rewind`` (replay from the last commit after a failed write),
@@ -26,9 +26,9 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from inferwatch.collector.record import RequestRecord
-from inferwatch.collector.rows import record_to_json
-from inferwatch.collector.spool import Mark, Spool
+from inferwatch.collector.store.record import RequestRecord
+from inferwatch.collector.store.rows import record_to_json
+from inferwatch.collector.store.spool import Mark, Spool
 
 T0 = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
 READ_DEADLINE_S = 10.0

@@ -17,12 +17,14 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, func, select, update
 
-from inferwatch.collector import db, rollup, sketch, store, values
-from inferwatch.collector.app import create_app
-from inferwatch.collector.config import CollectorSettings
-from inferwatch.collector.models import ROLLUP_STATE_TABLE, ROLLUP_TABLE, VALUES_TABLE
-from inferwatch.collector.record import RequestRecord
+from inferwatch.collector.api.app import create_app
 from inferwatch.collector.schemas import Stats
+from inferwatch.collector.settings import CollectorSettings
+from inferwatch.collector.stats import planner as store
+from inferwatch.collector.stats import rollup, sketch, values
+from inferwatch.collector.store import db
+from inferwatch.collector.store.record import RequestRecord
+from inferwatch.collector.store.tables import ROLLUP_STATE_TABLE, ROLLUP_TABLE, VALUES_TABLE
 from inferwatch.core.schema import E2E, QUEUE, TPOT, TTFT
 from tests.conftest import migrated_engine, postgres_schema
 

@@ -21,12 +21,14 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, text
 
-from inferwatch.collector import db, rollup, store
-from inferwatch.collector.app import create_app
-from inferwatch.collector.config import CollectorSettings
+from inferwatch.collector.api.app import create_app
+from inferwatch.collector.diagnosis.diagnoser import OnCall
 from inferwatch.collector.diagnosis.report import Diagnosis, Finding
-from inferwatch.collector.diagnosis.service import OnCall
-from inferwatch.collector.record import RequestRecord
+from inferwatch.collector.settings import CollectorSettings
+from inferwatch.collector.stats import planner as store
+from inferwatch.collector.stats import rollup
+from inferwatch.collector.store import db
+from inferwatch.collector.store.record import RequestRecord
 from inferwatch.core import vocabulary as V
 from inferwatch.core.symptoms import Status, Symptom
 from tests.conftest import migrated_engine, postgres_schema
@@ -184,7 +186,7 @@ def test_the_diagnosis_shows_each_request_once(engine: Engine) -> None:
 def test_an_incidents_examples_show_each_request_once(engine: Engine) -> None:
     """The alert worker's enrichment picks an incident's example requests as the diagnosis does: the engine's
     rows, the proxy's only where the engine sent none (it took both sides, each request twice)."""
-    from inferwatch.collector.alerting.enrich import _examples
+    from inferwatch.collector.incidents.enrich import _examples
 
     mine, proxied = both_sides(300)
     db.insert_records(engine, [*mine, *proxied])

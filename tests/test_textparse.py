@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from inferwatch.core import vocabulary as V
-from inferwatch.exporters.model import rebucket
+from inferwatch.exporters.samples import rebucket
 from inferwatch.exporters.textparse import (
     DuplicateSeries,
     NonFiniteSample,

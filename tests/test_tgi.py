@@ -13,7 +13,7 @@ from inferwatch.core import vocabulary as V
 from inferwatch.exporters.engines import EngineRegistry
 from inferwatch.exporters.engines import tgi as tgi_engine
 from inferwatch.exporters.mapping import TranslateContext
-from inferwatch.exporters.model import Snapshot
+from inferwatch.exporters.samples import Snapshot
 from tests.conftest import ENGINE_FIXTURES
 
 D = ENGINE_FIXTURES / "tgi" / "3.3.7"

@@ -11,7 +11,7 @@ from inferwatch.core import vocabulary as V
 from inferwatch.exporters.engines import EngineRegistry
 from inferwatch.exporters.engines import triton as triton_engine
 from inferwatch.exporters.mapping import TranslateContext, translate_text
-from inferwatch.exporters.model import Snapshot
+from inferwatch.exporters.samples import Snapshot
 from tests.conftest import ENGINE_FIXTURES
 
 D = ENGINE_FIXTURES / "triton" / "25.03-trtllm"

@@ -10,12 +10,12 @@ import pytest
 import yaml
 
 from inferwatch.core import vocabulary as V
-from inferwatch.exporters.config import ExporterConfig, TargetConfig
 from inferwatch.exporters.engines import EngineRegistry
 from inferwatch.exporters.engines import trtllm as trtllm_engine
 from inferwatch.exporters.mapping import TranslateContext, translate_text
-from inferwatch.exporters.model import Snapshot
+from inferwatch.exporters.samples import Snapshot
 from inferwatch.exporters.server import Exporter
+from inferwatch.exporters.targets import ExporterConfig, TargetConfig
 from tests.conftest import ENGINE_FIXTURES
 from tests.helpers import has, value
 from tests.support.replay import JSON, TEXT, ReplayServer

@@ -25,9 +25,9 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import func, select
 
-from inferwatch.collector.app import create_app
-from inferwatch.collector.config import CollectorSettings
-from inferwatch.collector.models import ALERTS_TABLE, NOTIFICATIONS_TABLE
+from inferwatch.collector.api.app import create_app
+from inferwatch.collector.settings import CollectorSettings
+from inferwatch.collector.store.tables import ALERTS_TABLE, NOTIFICATIONS_TABLE
 from tests.conftest import postgres_schema
 from tests.support.alertmanager import ZERO_TIME, alert, notification
 

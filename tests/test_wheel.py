@@ -123,7 +123,7 @@ def test_one_top_level_package(installed: Installed) -> None:
         [
             str(installed.bin / "python"),
             "-c",
-            "import inferwatch.collector.app, inferwatch; print(inferwatch.__file__)",
+            "import inferwatch.collector.api.app, inferwatch; print(inferwatch.__file__)",
         ],
         cwd=installed.cwd,
         env=installed.env,

@@ -22,7 +22,7 @@ db_app = typer.Typer(help="The collector's database (Alembic migrations).", no_a
 
 
 def _collector_settings(**overrides: Any) -> Any:
-    from inferwatch.collector.config import CollectorSettings
+    from inferwatch.collector.settings import CollectorSettings
 
     try:
         return CollectorSettings(**{k: v for k, v in overrides.items() if v is not None})
@@ -99,8 +99,8 @@ def collector_serve(
 
     import uvicorn
 
-    from inferwatch.collector.app import create_app
-    from inferwatch.collector.datadir import DataDirInUse, DataDirLock
+    from inferwatch.collector.api.app import create_app
+    from inferwatch.collector.store.datadir import DataDirInUse, DataDirLock
 
     setup_logging(log_level)
     settings = _collector_settings(
@@ -171,12 +171,12 @@ def collector_serve(
 
 def uvicorn_config(application: Any, settings: Any, log_level: str = "info") -> Any:
     """uvicorn's configuration for the collector app: its address, and the limits of the settings on uvicorn's
-    httptools protocol (:mod:`inferwatch.collector.slowclients`: header and body deadlines, the connection,
+    httptools protocol (:mod:`inferwatch.collector.api.slowclients`: header and body deadlines, the connection,
     request and upload caps; ``keep_alive_timeout_seconds`` → ``timeout_keep_alive``). uvicorn's own
     ``limit_concurrency`` is not used: it counts connections, so slow ones held it."""
     import uvicorn
 
-    from inferwatch.collector.slowclients import HttpLimits, bounded_protocol
+    from inferwatch.collector.api.slowclients import HttpLimits, bounded_protocol
     from inferwatch.core.config import parse_listen
     from inferwatch.core.connections import connection_cap
 
@@ -207,7 +207,7 @@ def db_upgrade(
 ) -> None:
     """Apply the collector's migrations (on PostgreSQL under the lock collectors take to migrate at start: it waits
     for one that is migrating now)."""
-    from inferwatch.collector import db
+    from inferwatch.collector.store import db
 
     settings = _collector_settings(database_url=database_url, data_dir=data_dir)
     settings.data_dir.mkdir(parents=True, exist_ok=True)

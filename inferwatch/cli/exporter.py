@@ -20,8 +20,8 @@ from inferwatch.core.config import ConfigError
 if TYPE_CHECKING:
     from pydantic import JsonValue
 
-    from inferwatch.exporters.config import ExporterConfig, Problem
     from inferwatch.exporters.engines import EngineRegistry
+    from inferwatch.exporters.targets import ExporterConfig, Problem
 
 exporter_app = typer.Typer(
     help="Sidecar exporter: re-expose an inference engine's metrics in the canonical llm_* vocabulary.",
@@ -122,10 +122,10 @@ def translate(
     The output holds canonical llm_* families plus the exporter-health series, exactly as
     `inferwatch exporter serve` would serve them for that payload.
     """
-    from inferwatch.exporters.config import engine_problems, session_options
     from inferwatch.exporters.engines import builtin_registry
     from inferwatch.exporters.mapping import TranslateContext, check_finite_snapshot
     from inferwatch.exporters.offline import UndetectableEngine, render_with_health, resolve_adapter
+    from inferwatch.exporters.targets import engine_problems, session_options
     from inferwatch.exporters.textparse import ParseError
 
     settings = load_settings()
@@ -180,7 +180,7 @@ def _serve_config(
     options: dict[str, JsonValue],
     limits: Mapping[str, object],
 ) -> ExporterConfig:
-    from inferwatch.exporters.config import ExporterConfig, TargetConfig, engine_problems, load_exporter_config
+    from inferwatch.exporters.targets import ExporterConfig, TargetConfig, engine_problems, load_exporter_config
 
     given = {name: value for name, value in limits.items() if value is not None}
 

@@ -91,7 +91,7 @@ def generate_dashboards(
     variables, so nothing refers to a particular Grafana's uids.
     """
     from inferwatch.dashboards.generate import generate
-    from inferwatch.dashboards.sketch import sketches as draw
+    from inferwatch.dashboards.layout_png import sketches as draw
 
     vocab = load_settings().vocabulary()
     spec, _ = _load_slos(slo, vocab)

@@ -1,6 +1,6 @@
 """``inferwatch diagnose``, ``checklist``, ``capacity`` and ``slos``: the on-call answers in the terminal.
 
-The same code as the collector's ``/api/v1`` answers (:class:`~inferwatch.collector.diagnosis.service.OnCall`),
+The same code as the collector's ``/api/v1`` answers (:class:`~inferwatch.collector.diagnosis.diagnoser.OnCall`),
 read from Prometheus (``--prometheus``) or straight from the exporters (``--exporter``), printed as a
 report that fits an 80-column terminal, or as the API's JSON with ``--json``.
 """
@@ -23,9 +23,9 @@ from inferwatch.cli.common import fail, load_settings
 from inferwatch.core import resources
 
 if TYPE_CHECKING:
+    from inferwatch.collector.diagnosis.burn import SloReport
+    from inferwatch.collector.diagnosis.diagnoser import OnCall
     from inferwatch.collector.diagnosis.report import Capacity, Checklist, Diagnosis
-    from inferwatch.collector.diagnosis.service import OnCall
-    from inferwatch.collector.diagnosis.slos import SloReport
 
 T = TypeVar("T")
 WIDTH_MAX = 100
@@ -63,8 +63,8 @@ def _width(out: Console) -> int:
 def _oncall(
     prometheus: str | None, exporters: list[str] | None, timeout: float, interval: float, slo: Path | None
 ) -> OnCall:
-    from inferwatch.collector.diagnosis.exporters import exporter_urls
-    from inferwatch.collector.diagnosis.service import OnCall
+    from inferwatch.collector.diagnosis.diagnoser import OnCall
+    from inferwatch.collector.diagnosis.exporter_scrape import exporter_urls
     from inferwatch.core.engines import builtin_profiles
     from inferwatch.core.slo import SLOFileError, load
 
@@ -86,7 +86,7 @@ def _oncall(
 
 
 def _run(oncall: OnCall, work: Callable[[OnCall], Awaitable[T]]) -> T:
-    from inferwatch.collector.diagnosis.service import NotConfigured
+    from inferwatch.collector.diagnosis.diagnoser import NotConfigured
     from inferwatch.collector.diagnosis.signals import UpstreamError
     from inferwatch.core.capacity import CapacityError
     from inferwatch.core.engines.launch import LaunchError

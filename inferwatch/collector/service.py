@@ -1,8 +1,8 @@
 """What one collector process holds, built from its settings: engine, writer, self-metrics, ingestor,
 and the OTLP/gRPC server once started.
 
-The HTTP app (:mod:`inferwatch.collector.app`) and the gRPC server
-(:mod:`inferwatch.collector.grpc_server`) both hang off a :class:`Collector`; neither imports the other.
+The HTTP app (:mod:`inferwatch.collector.api.app`) and the gRPC server
+(:mod:`inferwatch.collector.ingest.grpc_server`) both hang off a :class:`Collector`; neither imports the other.
 """
 
 from __future__ import annotations
@@ -13,18 +13,18 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from inferwatch.collector import db
-from inferwatch.collector.alerting.enrich import LinkSettings
-from inferwatch.collector.alerting.intake import Intaker
-from inferwatch.collector.alerting.notify import NotifyConfig, load_notify_config
-from inferwatch.collector.alerting.worker import AlertWorker
-from inferwatch.collector.config import CollectorSettings
-from inferwatch.collector.datadir import DataDirLock
-from inferwatch.collector.diagnosis.service import OnCall
-from inferwatch.collector.grpc_server import start_grpc_server
-from inferwatch.collector.ingest import CollectorMetrics, Ingestor
-from inferwatch.collector.sources import Identity
-from inferwatch.collector.writer import Writer
+from inferwatch.collector.diagnosis.diagnoser import OnCall
+from inferwatch.collector.incidents.enrich import LinkSettings
+from inferwatch.collector.incidents.intake import Intaker
+from inferwatch.collector.incidents.notify import NotifyConfig, load_notify_config
+from inferwatch.collector.incidents.worker import AlertWorker
+from inferwatch.collector.ingest.grpc_server import start_grpc_server
+from inferwatch.collector.ingest.pipeline import CollectorMetrics, Ingestor
+from inferwatch.collector.ingest.sources import Identity
+from inferwatch.collector.settings import CollectorSettings
+from inferwatch.collector.store import db
+from inferwatch.collector.store.datadir import DataDirLock
+from inferwatch.collector.store.writer import Writer
 
 WRITER_STOP_TIMEOUT_S = 10.0
 """At least this long for the writer to write out what is queued at shutdown (then the rest is spooled)."""
@@ -46,14 +46,14 @@ class Collector:
     owns_engine: bool = False
     """True when :func:`build` made the engine (then :meth:`stop` disposes it)."""
     stats_engine: Engine | None = None
-    """PostgreSQL: the statistics reads' own engine (:func:`~inferwatch.collector.db.make_stats_engine`), made
+    """PostgreSQL: the statistics reads' own engine (:func:`~inferwatch.collector.store.db.make_stats_engine`), made
     and disposed with an engine of our own; None: :attr:`engine` serves them."""
     grpc_server: Any = None
     lock: DataDirLock | None = None
     """The data directory's lock, held from :meth:`start` to :meth:`stop`."""
 
     def start(self, *, grpc: bool = True) -> None:
-        """Lock the data directory (:class:`~inferwatch.collector.datadir.DataDirInUse` when another collector has
+        """Lock the data directory (:class:`~inferwatch.collector.store.datadir.DataDirInUse` when another collector has
         it), start the writer thread (which replays the spool), the ingest worker processes and, with ``grpc`` and
         ``settings.grpc_listen``, the OTLP/gRPC server."""
         if self.lock is None:

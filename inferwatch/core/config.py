@@ -1,7 +1,7 @@
 """Configuration: settings from the environment, and what several components share.
 
 Nothing here is read at import time; callers build :class:`InferwatchSettings` and pass the result
-on explicitly. (The exporter's target file is ``inferwatch.exporters.config``.)
+on explicitly. (The exporter's target file is ``inferwatch.exporters.targets``.)
 """
 
 from __future__ import annotations

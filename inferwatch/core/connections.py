@@ -7,7 +7,7 @@ two ways:
 
 - **time**: a request's line and headers must arrive within a deadline (the header timeout), its body
   within another, and an idle keep-alive connection is closed after a third (each server arms them on its
-  own protocol: :mod:`inferwatch.collector.slowclients`, :mod:`inferwatch.proxy.limits`);
+  own protocol: :mod:`inferwatch.collector.api.slowclients`, :mod:`inferwatch.proxy.limits`);
 - **count** (:class:`ConnectionGate`): at most ``limit`` connections are open, fewer than the file descriptors
   the process may open (:func:`connection_cap`). At the cap a new connection makes room by closing the one
   that has been *waiting* longest: idle between two requests, or still sending its request's head. A

@@ -8,7 +8,7 @@ import yaml
 
 from inferwatch.core import vocabulary as V
 from inferwatch.core.slo import SLOFile
-from inferwatch.dashboards import model as M
+from inferwatch.dashboards import panels as M
 from inferwatch.dashboards.grafana import dashboard_json
 from inferwatch.dashboards.registry import dashboards
 

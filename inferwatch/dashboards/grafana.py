@@ -13,7 +13,7 @@ from typing import Any
 from grafanalib import core as G
 from grafanalib._gen import DashboardEncoder
 
-from inferwatch.dashboards import model as M
+from inferwatch.dashboards import panels as M
 from inferwatch.dashboards import promql as P
 
 SCHEMA_VERSION = 39

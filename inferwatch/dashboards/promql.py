@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping
 
 from inferwatch.core import links
 from inferwatch.core import vocabulary as V
-from inferwatch.dashboards.model import PROMETHEUS_TYPE, PROMETHEUS_UID, Query, Variable
+from inferwatch.dashboards.panels import PROMETHEUS_TYPE, PROMETHEUS_UID, Query, Variable
 
 # template variables
 VAR_DATASOURCE = links.VAR_DATASOURCE

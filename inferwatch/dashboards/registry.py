@@ -9,8 +9,8 @@ from inferwatch.core.engines import builtin_profiles
 from inferwatch.core.engines.profile import EngineProfile
 from inferwatch.core.slo import SLOFile
 from inferwatch.dashboards.boards import engine, fleet, kv_cache, requests, slos
-from inferwatch.dashboards.coverage import annotate
-from inferwatch.dashboards.model import DashboardSpec, Query
+from inferwatch.dashboards.gaps import annotate
+from inferwatch.dashboards.panels import DashboardSpec, Query
 
 UIDS = (fleet.UID, slos.UID, engine.UID, kv_cache.UID, requests.UID)
 """every dashboard's uid, in order (the SLO dashboard only with an SLO file)."""
@@ -22,7 +22,7 @@ def dashboards(
     """The inferwatch dashboards; the SLO dashboard only with an SLO file.
 
     Every panel says in Grafana why it is empty for an engine: the reasons of ``profiles`` (the
-    built-in engine profiles by default), see :mod:`inferwatch.dashboards.coverage`.
+    built-in engine profiles by default), see :mod:`inferwatch.dashboards.gaps`.
     """
     del vocabulary  # percentiles read whatever buckets the layout has; kept for a uniform signature
     out = [fleet.board()]

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, JsonValue
 
 from inferwatch.core import vocabulary as V
 from inferwatch.exporters import textparse
-from inferwatch.exporters.model import HistogramValue, SeriesKey, Snapshot, rebucket, series_key
+from inferwatch.exporters.samples import HistogramValue, SeriesKey, Snapshot, rebucket, series_key
 from inferwatch.exporters.textparse import Labels, NonFiniteSample, ParsedText
 
 

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from inferwatch.exporters.config import AUTO
 from inferwatch.exporters.engines import EngineRegistry
 from inferwatch.exporters.mapping import EngineAdapter, TranslateContext
-from inferwatch.exporters.model import Snapshot
 from inferwatch.exporters.render import render
 from inferwatch.exporters.runtime import with_health
+from inferwatch.exporters.samples import Snapshot
+from inferwatch.exporters.targets import AUTO
 
 
 class UndetectableEngine(ValueError):

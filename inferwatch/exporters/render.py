@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from inferwatch.core import vocabulary as V
-from inferwatch.exporters.model import SeriesKey, Snapshot
+from inferwatch.exporters.samples import SeriesKey, Snapshot
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 

@@ -4,7 +4,7 @@ A :class:`TargetScraper` owns one engine target. It resolves the engine (configu
 from the payload) and opens the engine's session for the target, which fetches the payload with an
 injected ``httpx.Client`` (and polls between scrapes when the engine needs it). It reads the
 engine's info endpoint for facts that are not in its metrics, and returns a canonical
-:class:`~inferwatch.exporters.model.Snapshot` with the exporter-health series. A failed scrape yields only
+:class:`~inferwatch.exporters.samples.Snapshot` with the exporter-health series. A failed scrape yields only
 health series (``EXPORTER_UP`` is 0, ``EXPORTER_LAST_SCRAPE_ERROR`` says why): no stale canonical
 series are served. Errors are logged once per change of state.
 
@@ -32,7 +32,6 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 
 from inferwatch.core import vocabulary as V
-from inferwatch.exporters.config import AUTO, TargetConfig
 from inferwatch.exporters.engines import EngineRegistry
 from inferwatch.exporters.fetching import EngineRequest, Limits, Watchdog
 from inferwatch.exporters.mapping import (
@@ -43,7 +42,8 @@ from inferwatch.exporters.mapping import (
     TranslateContext,
     check_finite_snapshot,
 )
-from inferwatch.exporters.model import Snapshot, merge_snapshots, series_key
+from inferwatch.exporters.samples import Snapshot, merge_snapshots, series_key
+from inferwatch.exporters.targets import AUTO, TargetConfig
 from inferwatch.exporters.textparse import ParseError, check_complete, looks_like_text_exposition, too_many_samples
 
 log = logging.getLogger("inferwatch.exporter")

@@ -20,12 +20,12 @@ import httpx
 
 from inferwatch.core import vocabulary as V
 from inferwatch.core.config import ConfigError, parse_listen
-from inferwatch.exporters.config import ExporterConfig, target_errors
 from inferwatch.exporters.engines import EngineRegistry
 from inferwatch.exporters.fetching import ACCEPT_ENCODING, Watchdog
-from inferwatch.exporters.model import merge_snapshots
 from inferwatch.exporters.render import CONTENT_TYPE, render
 from inferwatch.exporters.runtime import TargetScraper
+from inferwatch.exporters.samples import merge_snapshots
+from inferwatch.exporters.targets import ExporterConfig, target_errors
 
 log = logging.getLogger("inferwatch.exporter")
 

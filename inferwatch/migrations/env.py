@@ -1,7 +1,7 @@
 """Alembic environment of the collector's request store.
 
-Configured from code (``inferwatch.collector.db.alembic_config``), not from an ini file; the target
-metadata is the store's Core table (``inferwatch.collector.models.METADATA``). The database comes,
+Configured from code (``inferwatch.collector.store.db.alembic_config``), not from an ini file; the target
+metadata is the store's Core table (``inferwatch.collector.store.tables.METADATA``). The database comes,
 in this order, from ``config.attributes["connection"]`` (run inside the caller's transaction),
 ``config.attributes["engine"]``, or the ``sqlalchemy.url`` option.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import Connection, Engine, create_engine, pool
 
-from inferwatch.collector.models import METADATA
+from inferwatch.collector.store.tables import METADATA
 
 
 def run_with(connection: Connection) -> None:

@@ -17,7 +17,7 @@ import orjson
 
 from inferwatch.core import vocabulary as V
 from inferwatch.proxy.apis import Api, Ask, Reading
-from inferwatch.proxy.metrics import ClientMetrics
+from inferwatch.proxy.client_metrics import ClientMetrics
 
 MAX_EVENT_BYTES: Final = 1 << 20
 """An SSE event longer than this stops the inspection of its stream (the bytes still pass)."""

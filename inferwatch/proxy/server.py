@@ -35,9 +35,9 @@ from yarl import URL
 from inferwatch.core import vocabulary as V
 from inferwatch.core.connections import connection_cap
 from inferwatch.proxy import apis as A
+from inferwatch.proxy.client_metrics import CONTENT_TYPE, ClientMetrics, registry_for, render
 from inferwatch.proxy.limits import ConnectionLimits, error_body, exhausted, protocol_factory, request_factory
 from inferwatch.proxy.measure import Exchange
-from inferwatch.proxy.metrics import CONTENT_TYPE, ClientMetrics, registry_for, render
 from inferwatch.proxy.tracing import (
     CONTENT_CHUNKS,
     LORA_ADAPTER,

@@ -24,9 +24,9 @@ from opentelemetry.trace import Tracer
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from inferwatch.simulator.clock import Clock, SimClock
-from inferwatch.simulator.model import EngineParams, Finish, Sequence, ServingModel, StepReport
 from inferwatch.simulator.profiles import Profile, get_profile
 from inferwatch.simulator.runtime import EngineLoop, LoadGenerator, apply_profile, lognormal_int
+from inferwatch.simulator.scheduler import EngineParams, Finish, Sequence, ServingModel, StepReport
 
 OtlpProtocol = Literal["http/protobuf", "grpc"]
 

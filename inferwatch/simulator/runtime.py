@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from inferwatch.simulator.clock import Clock
-from inferwatch.simulator.model import EngineParams, Sequence, ServingModel, StepReport
 from inferwatch.simulator.profiles import Profile
+from inferwatch.simulator.scheduler import EngineParams, Sequence, ServingModel, StepReport
 
 
 class Observer(Protocol):

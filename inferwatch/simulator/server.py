@@ -16,8 +16,8 @@ from pydantic import BaseModel
 
 from inferwatch.simulator.base import SimSettings, SimulatedEngine
 from inferwatch.simulator.clock import Clock
-from inferwatch.simulator.model import EngineParams
 from inferwatch.simulator.profiles import PROFILES
+from inferwatch.simulator.scheduler import EngineParams
 
 Factory = Callable[[SimulatedEngine], tuple[FastAPI, Any]]
 

@@ -17,9 +17,9 @@ from datetime import UTC, datetime, timedelta
 from html.parser import HTMLParser
 from typing import Final
 
-from inferwatch.collector.alerting.messages import AlertSummary, DashboardLink, Enrichment
-from inferwatch.collector.alerting.views import Delivery, IncidentDetail, TimelineEntry
 from inferwatch.collector.diagnosis.report import Evidence, Finding
+from inferwatch.collector.incidents.messages import AlertSummary, DashboardLink, Enrichment
+from inferwatch.collector.incidents.views import Delivery, IncidentDetail, TimelineEntry
 from inferwatch.collector.schemas import RequestDetail
 from inferwatch.core.symptoms import Status, Symptom
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from inferwatch.core import links
 from inferwatch.core import vocabulary as V
-from inferwatch.dashboards.model import (
+from inferwatch.dashboards.panels import (
     HEATMAP,
     NOTE,
     TABLE,

@@ -6,7 +6,7 @@ from inferwatch.core import links
 from inferwatch.core import vocabulary as V
 from inferwatch.core.schema import DECODE, E2E, GENERATION_TOKENS, PREFILL, PROMPT_TOKENS, QUEUE, TPOT, TTFT
 from inferwatch.core.schema import REQUEST_TABLE as TABLE_NAME
-from inferwatch.dashboards.model import (
+from inferwatch.dashboards.panels import (
     NOTE,
     POSTGRES_TYPE,
     POSTGRES_UID,

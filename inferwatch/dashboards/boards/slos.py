@@ -5,7 +5,7 @@ from __future__ import annotations
 from inferwatch.core import links
 from inferwatch.core import vocabulary as V
 from inferwatch.core.slo import SLO, SLOFile, alert_windows, decimal_text
-from inferwatch.dashboards.model import (
+from inferwatch.dashboards.panels import (
     NOTE,
     STAT,
     TABLE,

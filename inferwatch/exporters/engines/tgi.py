@@ -22,7 +22,7 @@ from inferwatch.exporters.mapping import (
     TranslateContext,
     info_key,
 )
-from inferwatch.exporters.model import Snapshot
+from inferwatch.exporters.samples import Snapshot
 from inferwatch.exporters.textparse import ParsedText
 
 # err label -> outcome. validation/template failures are client errors (HTTP 422) that never

@@ -14,7 +14,7 @@ from __future__ import annotations
 from inferwatch.core import vocabulary as V
 from inferwatch.core.engines import triton as triton_facts
 from inferwatch.exporters.mapping import EngineAdapter, Row, TranslateContext, info_key, translate_rows, version_info
-from inferwatch.exporters.model import Snapshot
+from inferwatch.exporters.samples import Snapshot
 from inferwatch.exporters.textparse import Labels, ParsedText
 
 L = {"model": V.LABEL_MODEL}

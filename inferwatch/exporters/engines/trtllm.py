@@ -33,7 +33,7 @@ from inferwatch.exporters.mapping import (
     info_key,
     version_info,
 )
-from inferwatch.exporters.model import Snapshot
+from inferwatch.exporters.samples import Snapshot
 from inferwatch.exporters.textparse import ParsedText
 
 L = {"model_name": V.LABEL_MODEL}

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from inferwatch.core import vocabulary as V
 from inferwatch.core.engines import vllm as vllm_facts
 from inferwatch.exporters.mapping import EngineAdapter, Row, TranslateContext, first, info_key, version_info
-from inferwatch.exporters.model import Snapshot
+from inferwatch.exporters.samples import Snapshot
 from inferwatch.exporters.textparse import ParsedText
 
 PREFIX = "vllm:"

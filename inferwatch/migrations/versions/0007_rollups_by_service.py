@@ -4,8 +4,8 @@ walks meanwhile.
 
 Why: where both an engine and ``inferwatch proxy`` send spans, every proxied request is stored twice (the
 engine's row and the proxy's, told apart by ``service``). ``/api/v1/stats`` counts one side at a time
-(``collector/sides.py``), and the rollups keyed by engine, model and instance alone could not answer a side
-exactly.
+(``inferwatch.collector.stats.sides``), and the rollups keyed by engine, model and instance alone could
+not answer a side exactly.
 
 Revision ID: 0007
 Revises: 0006

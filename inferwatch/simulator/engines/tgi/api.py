@@ -50,7 +50,7 @@ from inferwatch.simulator.engines.tgi.protocol import (
     token,
 )
 from inferwatch.simulator.engines.tgi.spans import TgiSpans, incoming_context
-from inferwatch.simulator.model import Finish, Sequence
+from inferwatch.simulator.scheduler import Finish, Sequence
 
 
 class ClientGone(Exception):

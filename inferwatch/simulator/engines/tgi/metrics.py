@@ -14,7 +14,7 @@ from typing import Any
 
 from inferwatch.simulator.base import EngineMetrics, SimulatedEngine
 from inferwatch.simulator.engines.tgi.protocol import DEFAULT_GENERATION_LENGTH, rust_f64, timings
-from inferwatch.simulator.model import Finish, Sequence, StepReport
+from inferwatch.simulator.scheduler import Finish, Sequence, StepReport
 
 # -- metric names (raw TGI names are spelled only here) ---------------------------------------------
 REQUEST_COUNT = "tgi_request_count"

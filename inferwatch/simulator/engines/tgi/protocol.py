@@ -16,7 +16,7 @@ from fastapi.responses import PlainTextResponse, Response
 from opentelemetry.context import Context
 
 from inferwatch.simulator.base import SimulatedEngine
-from inferwatch.simulator.model import Finish, Sequence
+from inferwatch.simulator.scheduler import Finish, Sequence
 
 VERSION = "3.3.6-dev0"
 """``CARGO_PKG_VERSION`` of the v3.3.6 and v3.3.7 builds (tgi.md §0)."""

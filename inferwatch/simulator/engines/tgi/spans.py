@@ -30,7 +30,7 @@ from inferwatch.simulator.engines.tgi.protocol import (
     timings,
     token,
 )
-from inferwatch.simulator.model import Finish, Sequence
+from inferwatch.simulator.scheduler import Finish, Sequence
 
 SCOPE = "opentelemetry-otlp"
 SERVICE_NAME = "text-generation-inference.router"

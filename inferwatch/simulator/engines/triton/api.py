@@ -20,7 +20,7 @@ from inferwatch.simulator.engines.triton.repository import (
     MODELS,
     Tensor,
 )
-from inferwatch.simulator.model import Finish, Sequence
+from inferwatch.simulator.scheduler import Finish, Sequence
 
 VERSION = "2.56.0"
 """Triton server version of the 25.03 container."""

@@ -18,7 +18,7 @@ from inferwatch.simulator.engines.triton.repository import (
     PREPROCESSING,
     TENSORRT_LLM,
 )
-from inferwatch.simulator.model import Finish, Sequence, StepReport
+from inferwatch.simulator.scheduler import Finish, Sequence, StepReport
 
 FAILURE_REASONS = ("REJECTED", "OTHER", "CANCELED", "BACKEND")
 BACKEND_FAILURE = "BACKEND"

@@ -22,7 +22,7 @@ from inferwatch.simulator.base import SimulatedEngine, count_tokens
 from inferwatch.simulator.engines.trtllm.catalog import FINISHED_REASON
 from inferwatch.simulator.engines.trtllm.metrics import NGRAM, Speculation, TrtllmMetrics
 from inferwatch.simulator.engines.trtllm.spans import TrtllmRequest, emit_span, open_spans
-from inferwatch.simulator.model import Finish, Sequence
+from inferwatch.simulator.scheduler import Finish, Sequence
 
 VERSION = "1.3.0rc10"
 PROMETHEUS_PATH = "/prometheus/metrics"

@@ -13,7 +13,7 @@ from prometheus_client.utils import floatToGoString
 
 from inferwatch.simulator.buckets import ITL_BUCKETS as TPOT_BUCKETS
 from inferwatch.simulator.buckets import LATENCY_BUCKETS, TTFT_BUCKETS
-from inferwatch.simulator.model import Finish
+from inferwatch.simulator.scheduler import Finish
 
 ENGINE_TYPE = "pytorch"
 ITER_STATS_MAX_ITERATIONS = 1000

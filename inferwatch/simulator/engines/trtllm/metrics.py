@@ -30,7 +30,7 @@ from inferwatch.simulator.engines.trtllm.catalog import (
     MultiprocessStore,
     P,
 )
-from inferwatch.simulator.model import Finish, Sequence, StepReport
+from inferwatch.simulator.scheduler import Finish, Sequence, StepReport
 
 
 def _f32(value: float) -> float:

@@ -12,7 +12,7 @@ from opentelemetry.trace import SpanKind
 
 from inferwatch.simulator.base import SimulatedEngine, ns, parent_context
 from inferwatch.simulator.engines.trtllm.catalog import FINISHED_REASON
-from inferwatch.simulator.model import Finish, Sequence
+from inferwatch.simulator.scheduler import Finish, Sequence
 
 SCOPE = "trt.llm"
 SPAN_NAME = "llm_request"

@@ -16,7 +16,7 @@ from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoin
 from inferwatch.simulator.base import SimulatedEngine, count_tokens, finish_word
 from inferwatch.simulator.engines.vllm.metrics import HTTP_EXCLUDED, VllmMetrics
 from inferwatch.simulator.engines.vllm.spans import emit_span, open_spans
-from inferwatch.simulator.model import Sequence
+from inferwatch.simulator.scheduler import Sequence
 
 VERSION = "0.33.0"
 

@@ -21,7 +21,7 @@ from prometheus_client.process_collector import ProcessCollector
 
 from inferwatch.simulator.base import EngineMetrics, SimulatedEngine, finish_word
 from inferwatch.simulator.buckets import ITL_BUCKETS, LATENCY_BUCKETS, TTFT_BUCKETS
-from inferwatch.simulator.model import Finish, Sequence, StepReport
+from inferwatch.simulator.scheduler import Finish, Sequence, StepReport
 
 LABELS = ["model_name", "engine"]
 FINISHED_REASONS = ("stop", "length", "abort", "error", "repetition")

@@ -7,7 +7,7 @@ from typing import Any
 from opentelemetry.trace import SpanKind
 
 from inferwatch.simulator.base import SimulatedEngine, ns, parent_context
-from inferwatch.simulator.model import Finish, Sequence
+from inferwatch.simulator.scheduler import Finish, Sequence
 
 SCOPE = "vllm.tracing.otel"
 SPAN_NAME = "llm_request"

@@ -71,17 +71,28 @@ soak: $(STAMP) ## collector under load for a minute: no loss, flat RSS
 demo: $(STAMP) demo-deps ## simulated fleet through the whole pipeline, no Docker
 	$(PY) -m inferwatch demo --duration 30
 
+# Each generated artefact has one tree (docs/deploy.md): rules, Alertmanager routes and runbooks in
+# inferwatch/alerts/generated/, dashboards and Grafana provisioning in inferwatch/dashboards/generated/,
+# the compose stack's own files in deploy/ (docker-compose.yml mounts the other two trees' files).
+GEN_SLO := --slo inferwatch/alerts/slos.yaml
+GEN_ALERTS := $(PY) -m inferwatch generate alerts $(GEN_SLO) --out inferwatch/alerts/generated
+GEN_DASHBOARDS := $(PY) -m inferwatch generate dashboards $(GEN_SLO) --out inferwatch/dashboards/generated --sketches docs/dashboards
+GEN_STACK := $(PY) -m inferwatch generate stack $(GEN_SLO) --out deploy
+
 goldens: $(STAMP) ## rewrite goldens after an intended change (review!)
 	$(PY) -m pytest -q tests/test_goldens.py tests/test_coverage.py tests/test_dashboards.py --update-goldens
-	$(PY) -m inferwatch generate alerts --slo inferwatch/alerts/slos.yaml --out inferwatch/alerts/generated
-	$(PY) -m inferwatch generate dashboards --slo inferwatch/alerts/slos.yaml --out inferwatch/dashboards/generated --sketches docs/dashboards
-	$(PY) -m inferwatch generate stack --out deploy
+	$(GEN_ALERTS)
+	$(GEN_DASHBOARDS)
+	$(GEN_STACK)
 
 check-generated: $(STAMP) ## fail when a committed generated file is stale
 	$(PY) -m pytest -q tests/test_goldens.py tests/test_coverage.py tests/test_dashboards.py \
-		tests/test_stack.py::test_deploy_is_the_generated_stack_byte_for_byte
-	$(PY) -m inferwatch generate alerts --slo inferwatch/alerts/slos.yaml --out inferwatch/alerts/generated --check
-	$(PY) -m inferwatch generate dashboards --slo inferwatch/alerts/slos.yaml --out inferwatch/dashboards/generated --sketches docs/dashboards --check
+		tests/test_stack.py::test_deploy_is_the_generated_stack_byte_for_byte \
+		tests/test_stack.py::test_each_generated_file_is_committed_once \
+		tests/test_stack.py::test_the_containers_see_the_whole_generated_stack
+	$(GEN_ALERTS) --check
+	$(GEN_DASHBOARDS) --check
+	$(GEN_STACK) --check
 
 clean: ## remove the virtualenv and caches
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

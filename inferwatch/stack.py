@@ -1,13 +1,22 @@
 """The configuration of a whole inferwatch stack, generated: Prometheus, Alertmanager, Grafana, collector.
 
-:func:`generate` is a pure function of (SLO file, vocabulary, :class:`Layout`) returning
-``{relative path: bytes}``: ``prometheus/prometheus.yml`` (the exporters by file-based service
-discovery, the collector, the generated rules, Alertmanager), ``prometheus/rules.yml``,
-``prometheus/targets/exporters.yml``, ``alertmanager/alertmanager.yml`` (delivering to the
-collector's webhook), the Grafana provisioning and dashboards, and the collector's notify file.
-``docker-compose.yml`` mounts them as they are (``inferwatch generate stack --out deploy``); the
-demo generates the same files with loopback addresses. Paths inside each file are relative to the
-file, so ``promtool check config`` and ``amtool check-config`` validate them where they lie.
+The stack's files, by their path relative to the stack's directory, come in two kinds:
+
+* its own (:func:`own_files`, what ``inferwatch generate stack --out deploy`` writes):
+  ``prometheus/prometheus.yml`` (the exporters by file-based service discovery, the collector, the
+  rules, Alertmanager), ``prometheus/targets/exporters.yml``, ``alertmanager/alertmanager.yml``
+  (delivering to the collector's webhook) and the collector's ``collector/notify.yaml``;
+* those it shares with the other generators (:func:`shared_files`): ``prometheus/rules.yml`` and
+  ``alertmanager/runbooks.md`` are ``inferwatch generate alerts``' files, ``grafana/provisioning/``
+  and ``grafana/dashboards/`` ``inferwatch generate dashboards``'. The repository keeps each of
+  them once, in ``inferwatch/alerts/generated/`` and ``inferwatch/dashboards/generated/``, and
+  ``docker-compose.yml`` mounts them from there beside ``deploy/``.
+
+:func:`generate` is both, the whole stack as one directory: the demo writes it with loopback
+addresses. All three are pure functions of the SLO file, the vocabulary and (the shared files
+aside) the :class:`Layout`, returning ``{relative path: bytes}``. Paths inside each file are
+relative to the file, so ``promtool check config`` and ``amtool check-config`` validate them where
+the containers see them.
 
 This module composes the alert and dashboard generators, so it sits above the components, beside
 the demo.
@@ -115,8 +124,8 @@ def notify_file() -> bytes:
     ).encode()
 
 
-def generate(spec: SLOFile, vocabulary: V.Vocabulary, layout: Layout) -> dict[str, bytes]:
-    """Every file of the stack by its path relative to the output directory (deterministic)."""
+def _alert_files(spec: SLOFile, vocabulary: V.Vocabulary, layout: Layout) -> dict[str, str]:
+    """``generate alerts``' files, Alertmanager delivering to the layout's collector."""
     alerts = spec.alerts.model_copy(
         update={
             "webhook_url": f"http://{layout.collector}{WEBHOOK_PATH}",
@@ -124,16 +133,36 @@ def generate(spec: SLOFile, vocabulary: V.Vocabulary, layout: Layout) -> dict[st
             "webhook_token": None,
         }
     )
-    alert_files = generate_alerts(spec.model_copy(update={"alerts": alerts}), vocabulary, source="slos.yaml")
+    return generate_alerts(spec.model_copy(update={"alerts": alerts}), vocabulary, source="slos.yaml")
+
+
+def own_files(spec: SLOFile, vocabulary: V.Vocabulary, layout: Layout) -> dict[str, bytes]:
+    """The stack's own files by their path relative to the output directory (deterministic)."""
+    alert_files = _alert_files(spec, vocabulary, layout)
     files: dict[str, bytes] = {
         f"{PROMETHEUS_DIR}/prometheus.yml": _yaml(prometheus_config(layout)),
-        f"{PROMETHEUS_DIR}/{RULES_FILE}": alert_files[RULES_FILE].encode(),
         f"{PROMETHEUS_DIR}/{TARGETS_DIR}/{EXPORTER_TARGETS_FILE}": _yaml(exporter_targets(layout)),
         f"{ALERTMANAGER_DIR}/{ALERTMANAGER_FILE}": alert_files[ALERTMANAGER_FILE].encode(),
-        f"{ALERTMANAGER_DIR}/{RUNBOOKS_FILE}": alert_files[RUNBOOKS_FILE].encode(),
         f"{COLLECTOR_DIR}/{NOTIFY_FILE}": notify_file(),
+    }
+    return dict(sorted(files.items()))
+
+
+def shared_files(spec: SLOFile, vocabulary: V.Vocabulary) -> dict[str, bytes]:
+    """The files the stack shares with ``generate alerts`` and ``generate dashboards``, by their path in
+    the stack: the bytes those commands write for an SLO file named slos.yaml (no layout: Alertmanager's
+    config, which names the collector, is the stack's own)."""
+    alert_files = generate_alerts(spec, vocabulary, source="slos.yaml")
+    files: dict[str, bytes] = {
+        f"{PROMETHEUS_DIR}/{RULES_FILE}": alert_files[RULES_FILE].encode(),
+        f"{ALERTMANAGER_DIR}/{RUNBOOKS_FILE}": alert_files[RUNBOOKS_FILE].encode(),
     }
     for name, content in generate_dashboards(spec, vocabulary).items():
         target = f"{GRAFANA_DIR}/{name}" if name.startswith("provisioning/") else f"{GRAFANA_DIR}/dashboards/{name}"
         files[target] = content.encode()
     return dict(sorted(files.items()))
+
+
+def generate(spec: SLOFile, vocabulary: V.Vocabulary, layout: Layout) -> dict[str, bytes]:
+    """Every file of the stack, its own and the shared ones, by path relative to one directory (deterministic)."""
+    return dict(sorted({**own_files(spec, vocabulary, layout), **shared_files(spec, vocabulary)}.items()))

@@ -1,14 +1,21 @@
 """The whole stack's files: docker-compose.yml, the Dockerfile, and every generated file they mount.
 
+Each generated file is committed once: the stack's own in ``deploy/``, the rules and runbooks in
+``inferwatch/alerts/generated/``, the dashboards and Grafana provisioning in
+``inferwatch/dashboards/generated/``; docker-compose.yml mounts each where the containers read it.
 There is no Docker engine on the test machines: the compose file is validated by docker-compose
-itself (`docker-compose config`), and every mounted file by its own tool (promtool, amtool).
+itself (`docker-compose config`), the files the containers see are assembled from its bind mounts
+(:func:`container_view`), and each is checked by its own tool (promtool, amtool).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
+import shutil
 import subprocess
-from pathlib import Path
+from collections import defaultdict
+from pathlib import Path, PurePosixPath
 
 import pytest
 import yaml
@@ -16,22 +23,74 @@ from typer.testing import CliRunner
 
 from inferwatch.cli import app
 from inferwatch.core import vocabulary as V
-from inferwatch.core.slo import load
-from inferwatch.stack import COMPOSE_LAYOUT, Exporter, Layout, generate
+from inferwatch.core.slo import SLOFile, load
+from inferwatch.stack import COMPOSE_LAYOUT, Exporter, Layout, generate, own_files
 from tests.conftest import ROOT, require_tool
 
 DEPLOY = ROOT / "deploy"
 COMPOSE = ROOT / "docker-compose.yml"
 REAL = ROOT / "docker-compose.real-engines.yml"
+GENERATED_TREES = (
+    DEPLOY,
+    ROOT / "inferwatch" / "alerts" / "generated",
+    ROOT / "inferwatch" / "dashboards" / "generated",
+)
+"""Every committed tree of generated files: ``generate stack``'s, ``generate alerts``', ``generate dashboards``'."""
+CONTAINER_DIRS = {
+    "prometheus": "/etc/prometheus",
+    "alertmanager": "/etc/alertmanager",
+    "grafana/provisioning": "/etc/grafana/provisioning",
+    "grafana/dashboards": "/var/lib/grafana/dashboards/inferwatch",
+    "collector": "/etc/inferwatch",
+}
+"""Each directory of the generated stack (:func:`inferwatch.stack.generate`) → where its container reads it."""
+
+
+def spec() -> SLOFile:
+    return load(ROOT / "inferwatch" / "alerts" / "slos.yaml", V.Vocabulary())
 
 
 def generated() -> dict[str, bytes]:
-    spec = load(ROOT / "inferwatch" / "alerts" / "slos.yaml", V.Vocabulary())
-    return generate(spec, V.Vocabulary(), COMPOSE_LAYOUT)
+    """The whole stack, its own files and those it shares with the alert and dashboard generators."""
+    return generate(spec(), V.Vocabulary(), COMPOSE_LAYOUT)
+
+
+def container_path(name: str) -> str:
+    """Where a container reads the stack's file ``name`` (``prometheus/rules.yml`` → ``/etc/prometheus/rules.yml``)."""
+    directory = max((d for d in CONTAINER_DIRS if name.startswith(d + "/")), key=len)
+    return CONTAINER_DIRS[directory] + name.removeprefix(directory)
+
+
+def bind_mounts(compose_file: Path) -> list[tuple[str, str, str]]:
+    """``(service, host path as written, container path)`` of every bind mount (named volumes left out)."""
+    compose = yaml.safe_load(compose_file.read_text())
+    mounts = []
+    for name, service in (compose.get("services") or {}).items():
+        for volume in service.get("volumes", []):
+            source, target = volume.split(":")[:2]
+            if source.startswith((".", "/")):
+                mounts.append((name, source, target))
+    return mounts
+
+
+def container_view(root: Path) -> Path:
+    """What the containers of docker-compose.yml see of the repository: every bind mount copied under
+    ``root`` at its container path, shallower mounts first, each hiding what was there."""
+    for _, source, target in sorted(bind_mounts(COMPOSE), key=lambda m: len(PurePosixPath(m[2]).parts)):
+        host, dest = ROOT / source, root / target.lstrip("/")
+        if dest.is_dir():
+            shutil.rmtree(dest)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        if host.is_dir():
+            shutil.copytree(host, dest)
+        else:
+            shutil.copyfile(host, dest)
+    return root
 
 
 def test_deploy_is_the_generated_stack_byte_for_byte() -> None:
-    files = generated()
+    """deploy/ holds exactly the stack's own files, current."""
+    files = own_files(spec(), V.Vocabulary(), COMPOSE_LAYOUT)
     on_disk = {p.relative_to(DEPLOY).as_posix() for p in DEPLOY.rglob("*") if p.is_file()}
     assert on_disk == set(files), "run `make goldens` (inferwatch generate stack --out deploy)"
     for name, content in files.items():
@@ -40,17 +99,73 @@ def test_deploy_is_the_generated_stack_byte_for_byte() -> None:
     assert result.exit_code == 0, result.output
 
 
+def test_each_generated_file_is_committed_once() -> None:
+    """No two files of the generated trees are byte-identical: an artefact lives in one of them, and
+    docker-compose.yml mounts it from there."""
+    by_digest: dict[str, list[str]] = defaultdict(list)
+    for tree in GENERATED_TREES:
+        for path in sorted(tree.rglob("*")):
+            if path.is_file():
+                by_digest[hashlib.sha256(path.read_bytes()).hexdigest()].append(path.relative_to(ROOT).as_posix())
+    copies = [paths for paths in by_digest.values() if len(paths) > 1]
+    assert not copies, f"the same file committed twice (keep one, mount it from there): {copies}"
+
+
+def test_the_containers_see_the_whole_generated_stack(tmp_path: Path) -> None:
+    """Every file of the stack is at its container path with the generator's bytes, and nothing else is
+    there but the provisioning files beside the dashboards (the provider loads only ``*.json``)."""
+    view = container_view(tmp_path)
+    expected = {container_path(name): content for name, content in generated().items()}
+    for where, content in expected.items():
+        seen = view / where.lstrip("/")
+        assert seen.is_file(), f"{where} is not mounted: see docker-compose.yml"
+        assert seen.read_bytes() == content, f"{where} is stale: run `make goldens`"
+    dashboards = CONTAINER_DIRS["grafana/dashboards"] + "/"
+    for path in view.rglob("*"):
+        where = "/" + path.relative_to(view).as_posix()
+        if path.is_file() and where not in expected:
+            assert where.startswith(dashboards) and path.suffix != ".json", f"{where} is mounted but not generated"
+
+
+def test_every_mounted_path_exists_in_the_repository() -> None:
+    """Each host path the compose files mount exists, under its real name (not through the root links to
+    inferwatch/, which a checkout with core.symlinks=false turns into text files), in a generated tree."""
+    mounts = bind_mounts(COMPOSE) + bind_mounts(REAL)
+    assert mounts
+    for name, source, _ in mounts:
+        path = ROOT / source
+        assert path.exists(), f"{name} mounts {source}, which does not exist"
+        assert path.resolve() == Path(os.path.normpath(path)), f"{name} mounts {source} through a symlink"
+        assert any(path.resolve().is_relative_to(tree) for tree in GENERATED_TREES), (
+            f"{name} mounts {source}, which inferwatch does not generate"
+        )
+
+
+def test_the_services_read_their_config_where_it_is_mounted(tmp_path: Path) -> None:
+    view = container_view(tmp_path)
+    compose = yaml.safe_load(COMPOSE.read_text())
+    for service, flag in [
+        ("prometheus", "--config.file="),
+        ("alertmanager", "--config.file="),
+        ("collector", "--notify-config="),
+    ]:
+        (value,) = [a.removeprefix(flag) for a in compose["services"][service]["command"] if a.startswith(flag)]
+        assert (view / value.lstrip("/")).is_file(), f"{service} reads {value}, which is not mounted"
+    provider = yaml.safe_load((view / "etc/grafana/provisioning/dashboards/inferwatch.yaml").read_text())
+    assert [p["options"]["path"] for p in provider["providers"]] == [CONTAINER_DIRS["grafana/dashboards"]]
+
+
 def test_generated_files_say_so() -> None:
     for name, content in generated().items():
         if name.endswith((".yml", ".yaml")):
             assert content.startswith(b"# Generated by"), name
 
 
-def test_prometheus_config_and_rules_pass_promtool() -> None:
+def test_prometheus_config_and_rules_pass_promtool(tmp_path: Path) -> None:
+    """As Prometheus' container sees them: the config from deploy/, the rules beside it."""
     promtool = require_tool("promtool")
-    result = subprocess.run(
-        [promtool, "check", "config", str(DEPLOY / "prometheus" / "prometheus.yml")], capture_output=True, text=True
-    )
+    config = container_view(tmp_path) / "etc" / "prometheus" / "prometheus.yml"
+    result = subprocess.run([promtool, "check", "config", str(config)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "rule files found" in result.stdout
 
@@ -116,20 +231,6 @@ def test_real_engines_override_validates_and_names_what_is_missing() -> None:
     assert "--target=http://10.0.0.5:8000" in ok.stdout
     missing = _compose("-f", str(COMPOSE), "-f", str(REAL), "config", "-q", env={"COMPOSE_PROFILES": ""})
     assert missing.returncode != 0 and "INFERWATCH_" in missing.stderr
-
-
-def test_every_mounted_file_exists_and_is_generated() -> None:
-    compose = yaml.safe_load(COMPOSE.read_text())
-    generated_dirs = {str(Path("deploy") / name).rsplit("/", 1)[0] for name in generated()}
-    for name, service in compose["services"].items():
-        for volume in service.get("volumes", []):
-            source = volume.split(":", 1)[0]
-            if not source.startswith("./"):
-                continue  # a named volume
-            path = ROOT / source
-            assert path.exists(), f"{name} mounts {source}, which does not exist"
-            assert source.startswith("./deploy/"), f"{name} mounts {source}, which inferwatch does not generate"
-            assert any(d == source[2:] or d.startswith(source[2:] + "/") for d in generated_dirs), source
 
 
 def test_dockerfile_installs_the_wheel_as_a_non_root_user_with_a_healthcheck() -> None:

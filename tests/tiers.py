@@ -114,6 +114,7 @@ COMPONENTS: dict[str, str | None] = {
     "test_oncall_cli.py": "cli",
     # the whole
     "test_e2e_prometheus.py": "stack",
+    "test_engine_parts.py": "stack",
     "test_scale_metrics.py": "stack",
     "test_stack.py": "stack",
     "test_wheel.py": "stack",

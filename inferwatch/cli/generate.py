@@ -111,16 +111,19 @@ def generate_stack(
     ] = None,
     scrape_interval: Annotated[str, typer.Option(help="How often Prometheus scrapes and evaluates rules.")] = "15s",
 ) -> None:
-    """Every file docker-compose.yml mounts: Prometheus (config, rules, exporter targets), Alertmanager,
-    Grafana provisioning and dashboards, and the collector's notify file.
+    """The compose stack's own files: Prometheus' config and exporter targets, the stack's Alertmanager
+    config (delivering to the collector), and the collector's notify file.
 
-    The addresses are the compose network's (prometheus:9090, alertmanager:9093, collector:4318,
-    exporter-ENGINE:9400); edit prometheus/targets/exporters.yml's twin in an override to point at
-    real engines' exporters.
+    The rules, runbooks, dashboards and Grafana provisioning are those of `generate alerts` and
+    `generate dashboards`: docker-compose.yml mounts them from where those commands write them
+    (inferwatch/alerts/generated/, inferwatch/dashboards/generated/), so generate those from the same
+    --slo file. The addresses are the compose network's (prometheus:9090, alertmanager:9093,
+    collector:4318, exporter-ENGINE:9400); a target file beside prometheus/targets/exporters.yml adds
+    exporters to scrape.
     """
     from dataclasses import replace
 
-    from inferwatch.stack import COMPOSE_LAYOUT, generate
+    from inferwatch.stack import COMPOSE_LAYOUT, own_files
 
     vocab = load_settings().vocabulary()
     spec, _ = _load_slos(slo, vocab)
@@ -130,4 +133,4 @@ def generate_stack(
         scrape_interval=scrape_interval,
         evaluation_interval=scrape_interval,
     )
-    _write({out / name: content for name, content in generate(spec, vocab, layout).items()}, check, "stack")
+    _write({out / name: content for name, content in own_files(spec, vocab, layout).items()}, check, "stack")

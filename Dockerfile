@@ -10,7 +10,7 @@ RUN pip wheel --no-cache-dir --no-deps --wheel-dir /dist .
 FROM python:3.11-slim
 RUN useradd --create-home --uid 10001 --shell /usr/sbin/nologin inferwatch
 COPY --from=build /dist/ /tmp/dist/
-RUN pip install --no-cache-dir /tmp/dist/*.whl && rm -rf /tmp/dist
+RUN pip install --no-cache-dir "$(echo /tmp/dist/inferwatch-*.whl)[all]" && rm -rf /tmp/dist
 USER inferwatch
 WORKDIR /home/inferwatch
 ENV INFERWATCH_DATA_DIR=/home/inferwatch/data \

@@ -12,7 +12,7 @@ help: ## show this help
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -e '.[all,dev]'
 	touch $(STAMP)
 
 # $(call apt-missing,COMMAND:PACKAGE ...,WHAT): apt-get install the packages whose command is missing

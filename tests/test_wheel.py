@@ -1,10 +1,12 @@
 """The built wheel, installed into a fresh virtualenv outside the checkout, works as a new user runs it.
 
-One module-scoped fixture builds the wheel from this checkout (pip, isolated build), creates a
-virtualenv in a temporary directory, installs the wheel (its dependencies come from the package
-index) and runs every command from an empty working directory under a throw-away ``$HOME``. The
-tests then check that the commands work and that nothing was written into the working directory.
-Without a reachable package index the tests skip on a laptop and fail under ``CI``.
+One session-scoped fixture builds the wheel from this checkout (pip, isolated build); each install
+fixture creates a virtualenv in a temporary directory, installs the wheel with its extras (their
+dependencies come from the package index) and runs every command from an empty working directory
+under a throw-away ``$HOME``. The full install (``[all]``) runs every command; ``[exporter]`` alone and
+``[proxy]`` alone, the light sidecars, must hold none of the heavy libraries and still run their part
+against a simulated engine (started from this checkout's environment). Without a reachable package
+index the tests skip on a laptop and fail under ``CI``.
 """
 
 from __future__ import annotations
@@ -26,8 +28,16 @@ import yaml
 
 from inferwatch.core import vocabulary as V
 from tests.conftest import ENGINE_FIXTURES, ROOT, free_port
+from tests.helpers import has, value
+from tests.support.stack import Processes, simulator_cmd
 
 PIP_TIMEOUT_S = 600
+HEAVY = ("sqlalchemy", "alembic", "numpy", "psycopg", "fastapi", "starlette", "uvicorn", "grpc", "grafanalib")
+"""Libraries of the collector, the simulators and the generators: none may come with a sidecar's extra."""
+EXPORTER_MAX_MB = 60.0
+PROXY_MAX_MB = 110.0
+"""Bounds of the sidecars' site-packages (measured 35 and 69 MB, the full install 213: docs/deploy.md)."""
+MODEL = "sim-model"
 
 
 @dataclass(frozen=True)
@@ -70,11 +80,11 @@ def _unavailable(message: str) -> None:
     pytest.skip(message)
 
 
-@pytest.fixture(scope="module")
-def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
-    base = tmp_path_factory.mktemp("wheel")
-    assert ROOT not in base.parents, "the temporary directory must be outside the checkout"
-    dist = base / "dist"
+@pytest.fixture(scope="session")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The wheel of this checkout, built once for every install of the session."""
+    dist = tmp_path_factory.mktemp("dist")
+    assert ROOT not in dist.parents, "the temporary directory must be outside the checkout"
     build = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--wheel-dir", str(dist), str(ROOT)],
         capture_output=True,
@@ -83,23 +93,45 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
     )
     if build.returncode != 0:
         _unavailable(f"cannot build the wheel (is the package index reachable?): {build.stderr[-2000:]}")
-    wheel = next(dist.glob("inferwatch-*.whl"))
+    return next(dist.glob("inferwatch-*.whl"))
+
+
+def _install(wheel: Path, base: Path, extras: str) -> Installed:
+    """A fresh virtualenv under ``base`` holding ``wheel`` with ``extras`` (``[all]``, ``[exporter]``, ...)."""
+    assert ROOT not in base.parents, "the temporary directory must be outside the checkout"
     env_dir = base / "venv"
     venv.create(env_dir, with_pip=True)
-    install = subprocess.run(
-        [str(env_dir / "bin" / "python"), "-m", "pip", "install", "--quiet", str(wheel)],
-        capture_output=True,
-        text=True,
-        timeout=PIP_TIMEOUT_S,
-    )
-    if install.returncode != 0:
-        _unavailable(f"cannot install the wheel's dependencies: {install.stderr[-2000:]}")
     cwd, home = base / "work", base / "home"
     cwd.mkdir()
     home.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("INFERWATCH_", "XDG_", "PYTHON", "VIRTUAL_ENV"))}
     env.update({"HOME": str(home), "PATH": f"{env_dir / 'bin'}{os.pathsep}{env.get('PATH', '')}", "COLUMNS": "80"})
+    install = subprocess.run(
+        [str(env_dir / "bin" / "python"), "-m", "pip", "install", "--quiet", f"{wheel}{extras}"],
+        capture_output=True,
+        text=True,
+        timeout=PIP_TIMEOUT_S,
+        env=env,
+    )
+    if install.returncode != 0:
+        _unavailable(f"cannot install the wheel{extras}'s dependencies: {install.stderr[-2000:]}")
     return Installed(wheel, env_dir, cwd, home, env)
+
+
+@pytest.fixture(scope="module")
+def installed(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Installed:
+    """The full install: every part, as the image and ``make install`` have it."""
+    return _install(wheel, tmp_path_factory.mktemp("wheel"), "[all]")
+
+
+@pytest.fixture(scope="module")
+def exporter_only(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Installed:
+    return _install(wheel, tmp_path_factory.mktemp("exporter-extra"), "[exporter]")
+
+
+@pytest.fixture(scope="module")
+def proxy_only(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Installed:
+    return _install(wheel, tmp_path_factory.mktemp("proxy-extra"), "[proxy]")
 
 
 @pytest.fixture
@@ -244,3 +276,146 @@ def test_demo_runs_from_the_wheel(clean_cwd: Installed) -> None:
     result = clean_cwd.run("demo", "--duration", "6", timeout=180)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "stopped" in result.stdout
+
+
+# -- the light sidecars: [exporter] alone, [proxy] alone ---------------------------------------------------------
+@pytest.fixture
+def procs(tmp_path: Path) -> Iterator[Processes]:
+    p = Processes(tmp_path / "logs")
+    try:
+        yield p
+    finally:
+        p.close()
+
+
+def _importable(inst: Installed, modules: tuple[str, ...]) -> set[str]:
+    """Which of ``modules`` the install's own Python finds."""
+    probe = subprocess.run(
+        [
+            str(inst.bin / "python"),
+            "-c",
+            "import importlib.util, sys; print(*[m for m in sys.argv[1:] if importlib.util.find_spec(m)])",
+            *modules,
+        ],
+        cwd=inst.cwd,
+        env=inst.env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return set(probe.stdout.split())
+
+
+def _site_packages_mb(inst: Installed) -> float:
+    (site,) = (inst.venv / "lib").glob("python*/site-packages")
+    return sum(p.stat().st_size for p in site.rglob("*") if p.is_file() and not p.is_symlink()) / 1e6
+
+
+def _simulated_vllm(procs: Processes) -> str:
+    """A simulated vLLM under load, run by this checkout's environment (not the install's)."""
+    port = free_port()
+    procs.spawn("sim", simulator_cmd(V.ENGINE_VLLM, port, model=MODEL, speed=5.0))
+    url = f"http://127.0.0.1:{port}"
+    procs.wait_http("sim", url + "/metrics")
+    return url
+
+
+def _until_ok(proc: subprocess.Popen[str], url: str, what: str) -> httpx.Response:
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            answer = httpx.get(url, timeout=5)
+            if answer.status_code == 200:
+                return answer
+        except httpx.HTTPError:
+            pass
+        assert proc.poll() is None, proc.communicate()[1]
+        assert time.monotonic() < deadline, f"{what} did not answer at {url}"
+        time.sleep(0.2)
+
+
+def _stop(proc: subprocess.Popen[str]) -> str:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        _, err = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        _, err = proc.communicate()
+    assert proc.returncode == 0, err
+    return err
+
+
+def test_exporter_extra_is_light(exporter_only: Installed) -> None:
+    assert _importable(exporter_only, (*HEAVY, "aiohttp", "opentelemetry")) == set()
+    needed = ("httpx", "prometheus_client", "typer")
+    assert _importable(exporter_only, needed) == set(needed)
+    size = _site_packages_mb(exporter_only)
+    assert size < EXPORTER_MAX_MB, f"inferwatch[exporter] takes {size:.1f} MB of site-packages"
+
+
+def test_proxy_extra_is_light(proxy_only: Installed) -> None:
+    assert _importable(proxy_only, (*HEAVY, "httpx")) == set()
+    needed = ("aiohttp", "orjson", "uvloop", "opentelemetry.sdk")
+    assert _importable(proxy_only, needed) == set(needed)
+    size = _site_packages_mb(proxy_only)
+    assert size < PROXY_MAX_MB, f"inferwatch[proxy] takes {size:.1f} MB of site-packages"
+
+
+def test_exporter_extra_serves_a_simulated_vllm(exporter_only: Installed, procs: Processes) -> None:
+    engine = _simulated_vllm(procs)
+    port = free_port()
+    proc = exporter_only.popen(
+        "exporter", "serve", "--target", engine, "--engine", V.ENGINE_VLLM, "--listen", f"127.0.0.1:{port}"
+    )
+    try:
+        metrics = _until_ok(proc, f"http://127.0.0.1:{port}/metrics", "the exporter")
+        assert value(metrics.text, V.EXPORTER_UP.name) == 1, metrics.text[-2000:]
+        assert has(metrics.text, V.KV_CACHE_USAGE.name, engine=V.ENGINE_VLLM, model=MODEL)
+    finally:
+        _stop(proc)
+
+
+def test_proxy_extra_proxies_a_simulated_vllm(proxy_only: Installed, procs: Processes) -> None:
+    engine = _simulated_vllm(procs)
+    port, mport = free_port(), free_port()
+    proc = proxy_only.popen(
+        "proxy", "--upstream", engine, "--engine", V.ENGINE_VLLM,
+        "--listen", f"127.0.0.1:{port}", "--metrics-listen", f"127.0.0.1:{mport}",
+    )  # fmt: skip
+    try:
+        _until_ok(proc, f"http://127.0.0.1:{mport}/healthz", "the proxy")
+        answer = httpx.post(
+            f"http://127.0.0.1:{port}/v1/completions",
+            json={"model": MODEL, "prompt": "hi", "max_tokens": 3},
+            timeout=30,
+        )
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["usage"]["completion_tokens"] == 3
+        metrics = httpx.get(f"http://127.0.0.1:{mport}/metrics", timeout=5).text
+        assert value(metrics, V.CLIENT_REQUESTS.name, engine=V.ENGINE_VLLM, model=MODEL) == 1
+    finally:
+        _stop(proc)
+
+
+@pytest.mark.parametrize(
+    ("only", "command", "extra"),
+    [
+        ("exporter", ("collector", "serve"), "collector"),
+        ("exporter", ("proxy", "--upstream", "http://127.0.0.1:9"), "proxy"),
+        ("exporter", ("simulate", "--engine", V.ENGINE_VLLM), "sim"),
+        ("exporter", ("generate", "dashboards", "--out", "unused"), "generate"),
+        ("proxy", ("exporter", "serve", "--target", "http://127.0.0.1:9"), "exporter"),
+        ("proxy", ("db", "upgrade"), "collector"),
+        ("proxy", ("demo", "--duration", "1"), "all"),
+    ],
+)
+def test_a_command_without_its_extra_names_it_in_one_line(
+    only: str, command: tuple[str, ...], extra: str, request: pytest.FixtureRequest
+) -> None:
+    inst: Installed = request.getfixturevalue(f"{only}_only")
+    result = inst.run(*command)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert f"pip install 'inferwatch[{extra}]'" in result.stderr
+    assert not list(inst.cwd.iterdir()), "a failed command wrote into the current directory"

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from inferwatch.cli.common import err, fail, loop_factory, setup_logging
+from inferwatch.cli.common import err, fail, loop_factory, needs_extra, setup_logging
 from inferwatch.core.config import ConfigError
 
 MIGRATION_TIMEOUT_S = 24 * 3600.0
@@ -22,7 +22,8 @@ db_app = typer.Typer(help="The collector's database (Alembic migrations).", no_a
 
 
 def _collector_settings(**overrides: Any) -> Any:
-    from inferwatch.collector.settings import CollectorSettings
+    with needs_extra("collector", "collector"):
+        from inferwatch.collector.settings import CollectorSettings
 
     try:
         return CollectorSettings(**{k: v for k, v in overrides.items() if v is not None})
@@ -97,10 +98,11 @@ def collector_serve(
     import asyncio
     import contextlib
 
-    import uvicorn
+    with needs_extra("collector", "collector serve"):
+        import uvicorn
 
-    from inferwatch.collector.api.app import create_app
-    from inferwatch.collector.store.datadir import DataDirInUse, DataDirLock
+        from inferwatch.collector.api.app import create_app
+        from inferwatch.collector.store.datadir import DataDirInUse, DataDirLock
 
     setup_logging(log_level)
     settings = _collector_settings(
@@ -207,7 +209,8 @@ def db_upgrade(
 ) -> None:
     """Apply the collector's migrations (on PostgreSQL under the lock collectors take to migrate at start: it waits
     for one that is migrating now)."""
-    from inferwatch.collector.store import db
+    with needs_extra("collector", "db upgrade"):
+        from inferwatch.collector.store import db
 
     settings = _collector_settings(database_url=database_url, data_dir=data_dir)
     settings.data_dir.mkdir(parents=True, exist_ok=True)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import importlib.util
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import typer
@@ -19,6 +21,37 @@ err = Console(stderr=True, soft_wrap=True)
 def fail(message: str, code: int = 2) -> typer.Exit:
     err.print(f"[bold red]error:[/] {escape(message)}", highlight=False)
     return typer.Exit(code)
+
+
+@contextlib.contextmanager
+def needs_extra(extra: str, command: str, also: tuple[str, ...] = ()) -> Iterator[None]:
+    """Around a command's lazy imports of its component: a library of the install extra ``extra`` that is
+    missing fails the command in one line naming the extra, not a traceback. ``also``: modules the command's
+    child processes import, checked (not imported) first.
+
+        with needs_extra("collector", "collector serve"):
+            from inferwatch.collector.api.app import create_app
+    """
+    for name in also:
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except ModuleNotFoundError:  # its parent package is missing
+            found = False
+        if not found:
+            raise _missing_extra(extra, command, name)
+    try:
+        yield
+    except ModuleNotFoundError as exc:
+        if exc.name is None or exc.name.partition(".")[0] == "inferwatch":
+            raise  # a module of ours is missing: a broken install or a bug, not an extra
+        raise _missing_extra(extra, command, exc.name) from None
+
+
+def _missing_extra(extra: str, command: str, module: str) -> typer.Exit:
+    return fail(
+        f"inferwatch {command} needs the '{extra}' extra: pip install 'inferwatch[{extra}]' "
+        f"(no module named {module!r})"
+    )
 
 
 def parse_labels(pairs: list[str] | None) -> dict[str, str]:

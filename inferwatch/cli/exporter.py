@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.console import Console
 
-from inferwatch.cli.common import err, fail, load_settings, parse_labels, setup_logging
+from inferwatch.cli.common import err, fail, load_settings, needs_extra, parse_labels, setup_logging
 from inferwatch.core.config import ConfigError
 
 if TYPE_CHECKING:
@@ -63,7 +63,8 @@ def engines_cmd() -> None:
     Give options as --engine-option NAME=VALUE, or in a target's options: mapping of the
     --config file.
     """
-    from inferwatch.exporters.engines import builtin_registry
+    with needs_extra("exporter", "exporter engines"):
+        from inferwatch.exporters.engines import builtin_registry
 
     for adapter in builtin_registry():
         info = f", facts from {adapter.info_path}" if adapter.info_path else ""
@@ -77,9 +78,10 @@ def coverage_cmd(
     markdown: Annotated[bool, typer.Option(help="Print the coverage matrix as Markdown.")] = False,
 ) -> None:
     """Which canonical signals each engine provides, and why the others are missing."""
-    from inferwatch.exporters.coverage import markdown as render_markdown
-    from inferwatch.exporters.coverage import matrix
-    from inferwatch.exporters.engines import builtin_registry
+    with needs_extra("exporter", "exporter coverage"):
+        from inferwatch.exporters.coverage import markdown as render_markdown
+        from inferwatch.exporters.coverage import matrix
+        from inferwatch.exporters.engines import builtin_registry
 
     registry = builtin_registry()
     if markdown:
@@ -122,11 +124,12 @@ def translate(
     The output holds canonical llm_* families plus the exporter-health series, exactly as
     `inferwatch exporter serve` would serve them for that payload.
     """
-    from inferwatch.exporters.engines import builtin_registry
-    from inferwatch.exporters.mapping import TranslateContext, check_finite_snapshot
-    from inferwatch.exporters.offline import UndetectableEngine, render_with_health, resolve_adapter
-    from inferwatch.exporters.targets import engine_problems, session_options
-    from inferwatch.exporters.textparse import ParseError
+    with needs_extra("exporter", "exporter translate"):
+        from inferwatch.exporters.engines import builtin_registry
+        from inferwatch.exporters.mapping import TranslateContext, check_finite_snapshot
+        from inferwatch.exporters.offline import UndetectableEngine, render_with_health, resolve_adapter
+        from inferwatch.exporters.targets import engine_problems, session_options
+        from inferwatch.exporters.textparse import ParseError
 
     settings = load_settings()
     registry = builtin_registry()
@@ -262,8 +265,9 @@ def serve(
     Probes: /healthz answers 200 while the process serves (liveness); /readyz scrapes every target
     and answers 200 when all answered, 503 otherwise, one line per target with its state (readiness).
     """
-    from inferwatch.exporters.engines import builtin_registry
-    from inferwatch.exporters.server import Exporter
+    with needs_extra("exporter", "exporter serve"):
+        from inferwatch.exporters.engines import builtin_registry
+        from inferwatch.exporters.server import Exporter
 
     setup_logging(log_level)
     settings = load_settings()

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from inferwatch.cli.common import err, fail, load_settings
+from inferwatch.cli.common import err, fail, load_settings, needs_extra
 from inferwatch.core import resources
 
 if TYPE_CHECKING:
@@ -68,7 +68,7 @@ def generate_alerts(out: OutOption, slo: SloOption = None, check: CheckOption = 
     not edit"). Latency thresholds must be canonical bucket boundaries (INFERWATCH_SLO_THRESHOLDS
     adds some).
     """
-    from inferwatch.alerts.generate import generate
+    from inferwatch.alerts.generate import generate  # the core's libraries only: no extra
 
     vocab = load_settings().vocabulary()
     spec, source = _load_slos(slo, vocab)
@@ -90,8 +90,9 @@ def generate_dashboards(
     Import the JSON into any Grafana, or mount the provisioning folder; datasources are template
     variables, so nothing refers to a particular Grafana's uids.
     """
-    from inferwatch.dashboards.generate import generate
-    from inferwatch.dashboards.layout_png import sketches as draw
+    with needs_extra("generate", "generate dashboards"):
+        from inferwatch.dashboards.generate import generate
+        from inferwatch.dashboards.layout_png import sketches as draw
 
     vocab = load_settings().vocabulary()
     spec, _ = _load_slos(slo, vocab)
@@ -123,7 +124,8 @@ def generate_stack(
     """
     from dataclasses import replace
 
-    from inferwatch.stack import COMPOSE_LAYOUT, own_files
+    with needs_extra("generate", "generate stack"):
+        from inferwatch.stack import COMPOSE_LAYOUT, own_files
 
     vocab = load_settings().vocabulary()
     spec, _ = _load_slos(slo, vocab)

@@ -19,7 +19,7 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
-from inferwatch.cli.common import fail, load_settings
+from inferwatch.cli.common import fail, load_settings, needs_extra
 from inferwatch.core import resources
 
 if TYPE_CHECKING:
@@ -61,10 +61,16 @@ def _width(out: Console) -> int:
 
 
 def _oncall(
-    prometheus: str | None, exporters: list[str] | None, timeout: float, interval: float, slo: Path | None
+    command: str,
+    prometheus: str | None,
+    exporters: list[str] | None,
+    timeout: float,
+    interval: float,
+    slo: Path | None,
 ) -> OnCall:
-    from inferwatch.collector.diagnosis.diagnoser import OnCall
-    from inferwatch.collector.diagnosis.exporter_scrape import exporter_urls
+    with needs_extra("collector", command):  # the collector's diagnosis answers
+        from inferwatch.collector.diagnosis.diagnoser import OnCall
+        from inferwatch.collector.diagnosis.exporter_scrape import exporter_urls
     from inferwatch.core.engines import builtin_profiles
     from inferwatch.core.slo import SLOFileError, load
 
@@ -247,7 +253,7 @@ def diagnose(
     """
     from inferwatch.collector.diagnosis.signals import Filters
 
-    oncall = _oncall(prometheus, exporter, timeout, interval, slo)
+    oncall = _oncall("diagnose", prometheus, exporter, timeout, interval, slo)
     result = _run(oncall, lambda o: o.diagnose(window, Filters(engine, model, instance)))
     if json_out:
         sys.stdout.write(result.model_dump_json(indent=2) + "\n")
@@ -317,7 +323,7 @@ def checklist(
             shape = load_config(config)
         except CapacityError as exc:
             raise fail(str(exc)) from None
-    oncall = _oncall(prometheus, exporter, timeout, interval, None)
+    oncall = _oncall("checklist", prometheus, exporter, timeout, interval, None)
     filters = Filters(engine, model, instance)
     result = _run(oncall, lambda o: o.checklist(window, filters, launch=launch, gpu=gpu, shape=shape))
     if json_out:
@@ -455,7 +461,7 @@ def capacity(
         raise fail(str(exc)) from None
     if plan is None and prometheus is None and not exporter:
         raise fail("give a config.json (or --layers, --kv-heads, --head-dim), or a target (--prometheus/--exporter)")
-    oncall = _oncall(prometheus, exporter, 5.0, 5.0, None)
+    oncall = _oncall("capacity", prometheus, exporter, 5.0, 5.0, None)
     result = _run(oncall, lambda o: o.capacity(plan, window, Filters(engine, model, instance)))
     if json_out:
         sys.stdout.write(result.model_dump_json(indent=2) + "\n")
@@ -489,7 +495,7 @@ def slos(
     json_out: JsonOpt = False,
 ) -> None:
     """SLO status: SLI over the period, error budget left, burn rate per alert window, firing burn alerts."""
-    oncall = _oncall(prometheus, None, timeout, 5.0, slo)
+    oncall = _oncall("slos", prometheus, None, timeout, 5.0, slo)
     result = _run(oncall, lambda o: o.slo_status())
     if json_out:
         sys.stdout.write(result.model_dump_json(indent=2) + "\n")

@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 
 import typer
 
-from inferwatch.cli.common import err, fail, loop_factory, setup_logging
+from inferwatch.cli.common import err, fail, loop_factory, needs_extra, setup_logging
 from inferwatch.core import vocabulary as V
 from inferwatch.core.config import ConfigError, SimEngine, parse_listen
 
@@ -72,8 +72,10 @@ def proxy(
     --body-timeout: 408; a client that goes away has its engine request cancelled.
     """
     import gc
+    import importlib.util
 
-    from inferwatch.proxy.server import ProxySettings, run
+    with needs_extra("proxy", "proxy"):
+        from inferwatch.proxy.server import ProxySettings, run
 
     try:
         host, port = parse_listen(listen)
@@ -86,6 +88,11 @@ def proxy(
         raise fail(
             "--timeout, --max-body-bytes, --header-timeout, --body-timeout, --keep-alive-timeout and "
             "--max-connections must be positive"
+        )
+    if otlp_endpoint and otlp_protocol == "grpc" and importlib.util.find_spec("grpc") is None:
+        raise fail(
+            "--otlp-protocol grpc needs gRPC, which the 'proxy' extra leaves out: "
+            "pip install opentelemetry-exporter-otlp-proto-grpc (or --otlp-protocol http/protobuf)"
         )
     setup_logging(log_level)
     settings = ProxySettings(

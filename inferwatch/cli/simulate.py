@@ -6,10 +6,12 @@ from typing import Annotated, Literal
 
 import typer
 
-from inferwatch.cli.common import err, fail
+from inferwatch.cli.common import err, fail, needs_extra
 from inferwatch.core.config import SimEngine
 
 OtlpChoice = Literal["http/protobuf", "grpc"]
+DEMO_MODULES = ("httpx", "aiohttp", "fastapi", "uvicorn", "sqlalchemy", "numpy", "grpc", "grafanalib")
+"""A library of each extra the demo's parts need (exporter, proxy, sim, collector, generate)."""
 
 
 def simulate(
@@ -38,9 +40,10 @@ def simulate(
     For demos and tests without a GPU; point inferwatch at real engines in production. Switch the
     profile at runtime with: curl -XPOST localhost:PORT/simulator/profile -d '{"profile":"kv-pressure"}'
     """
-    from inferwatch.simulator.base import SimSettings
-    from inferwatch.simulator.profiles import PROFILES
-    from inferwatch.simulator.server import default_params, serve
+    with needs_extra("sim", "simulate"):
+        from inferwatch.simulator.base import SimSettings
+        from inferwatch.simulator.profiles import PROFILES
+        from inferwatch.simulator.server import default_params, serve
 
     if list_profiles:
         for p in PROFILES.values():
@@ -90,6 +93,8 @@ def demo(
     per engine and the incidents. --profile kv-pressure fires the chain within about two minutes.
     Ctrl-C (or --duration) stops every process it started.
     """
-    from inferwatch.demo import run_demo
+    # the demo runs every part, as child processes: their libraries are checked before any starts
+    with needs_extra("all", "demo", also=DEMO_MODULES):
+        from inferwatch.demo import run_demo
 
     raise typer.Exit(run_demo(duration=duration, vllm_profile=vllm_profile, speed=speed, base_port=base_port))

@@ -1,5 +1,6 @@
-"""The one-vocabulary rule: canonical names are spelled only in inferwatch/core/vocabulary.py, and raw
-engine metric names only in their engine's module."""
+"""The one-vocabulary rule: canonical names are spelled only in the vocabulary (inferwatch/core/vocabulary.py
+and the plain names it re-exports, inferwatch/core/vocabulary_names.py), and raw engine metric names only
+in their engine's module."""
 
 from __future__ import annotations
 
@@ -7,11 +8,14 @@ import re
 from pathlib import Path
 
 from inferwatch.core import vocabulary as V
+from inferwatch.core import vocabulary_names
 from inferwatch.exporters.engines import EngineRegistry
 from inferwatch.exporters.mapping import EngineAdapter
 from tests.conftest import ROOT
 
-VOCABULARY_FILE = ROOT / "inferwatch" / "core" / "vocabulary.py"
+VOCABULARY_FILES = frozenset(ROOT / "inferwatch" / "core" / f"{name}.py" for name in ("vocabulary", "vocabulary_names"))
+"""The one vocabulary: the module callers import (``V``) and the one whose names it re-exports."""
+OUTSIDE = "outside the vocabulary (inferwatch/core/vocabulary.py, vocabulary_names.py)"
 EXCLUDED_DIRS = {".venv", ".git", "fixtures", "__pycache__", "build", ".mypy_cache", ".ruff_cache"}
 TOKEN = re.compile(r"(?<![\w:])llm_[a-z0-9_]+")
 VLLM_RAW = re.compile(r"vllm:[a-z]")
@@ -39,13 +43,13 @@ def test_canonical_names_spelled_once() -> None:
     names = canonical_tokens()
     offenders = []
     for path in python_files():
-        if path == VOCABULARY_FILE:
+        if path in VOCABULARY_FILES:
             continue
         for lineno, line in enumerate(path.read_text().splitlines(), 1):
             for tok in TOKEN.findall(line):
                 if tok in names:
                     offenders.append(f"{path.relative_to(ROOT)}:{lineno}: {tok}")
-    assert not offenders, "canonical names spelled outside inferwatch/core/vocabulary.py:\n" + "\n".join(offenders)
+    assert not offenders, f"canonical names spelled {OUTSIDE}:\n" + "\n".join(offenders)
 
 
 def raw_names(adapter: EngineAdapter) -> set[str]:
@@ -105,10 +109,17 @@ def test_rule_and_alert_names_spelled_once() -> None:
     ]
     offenders = []
     for path in python_files():
-        if path == VOCABULARY_FILE:
+        if path in VOCABULARY_FILES:
             continue
         text = path.read_text()
         for name in names:
             if name in text:
                 offenders.append(f"{path.relative_to(ROOT)}: {name}")
-    assert not offenders, "rule or alert names spelled outside inferwatch/core/vocabulary.py:\n" + "\n".join(offenders)
+    assert not offenders, f"rule or alert names spelled {OUTSIDE}:\n" + "\n".join(offenders)
+
+
+def test_the_vocabulary_is_its_two_modules() -> None:
+    """The exemption above covers exactly the vocabulary's modules, and ``V`` re-exports every plain name."""
+    assert {Path(m.__file__ or "").resolve() for m in (V, vocabulary_names)} == {p.resolve() for p in VOCABULARY_FILES}
+    missing = [n for n in vocabulary_names.__all__ if getattr(V, n, None) is not getattr(vocabulary_names, n)]
+    assert not missing, f"names of vocabulary_names that V does not re-export: {missing}"

@@ -1,8 +1,10 @@
 """The canonical LLM-serving vocabulary: the one place where inferwatch spells its names.
 
-Every canonical metric name, label name, label value set, unit and bucket layout is defined here.
-Exporters, alert and dashboard generators and the collector's schema import these objects; a test
-(``tests/test_drift.py``) fails when a canonical metric name is spelled anywhere else.
+Every canonical metric name, label name, label value set, unit and bucket layout is defined here or in
+:mod:`inferwatch.core.vocabulary_names` (the plain names: labels and their values, bucket layouts, the
+recording-rule and alert names), whose every name this module re-exports. Exporters, alert and
+dashboard generators and the collector's schema import these objects as ``V.NAME``; a test
+(``tests/test_drift.py``) fails when a canonical metric, rule or alert name is spelled anywhere else.
 
 Bucket boundaries follow OpenTelemetry's GenAI semantic conventions where they advise some
 (``gen_ai.server.time_to_first_token``, ``gen_ai.server.time_per_output_token``,
@@ -14,11 +16,26 @@ by :func:`format_le`.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Final
+
+# the plain names are part of this vocabulary: V.LABEL_MODEL, V.BUCKETS_TTFT, V.ALERT_SLO_BURN, ...
+from inferwatch.core.vocabulary_names import *  # noqa: F403
+from inferwatch.core.vocabulary_names import (
+    BUCKETS_REQUEST_DURATION,
+    BUCKETS_TOKENS,
+    BUCKETS_TPOT,
+    BUCKETS_TTFT,
+    INFO_LABELS,
+    LABEL_LORA_ADAPTER,
+    LABEL_METRIC,
+    LABEL_OUTCOME,
+    LABEL_REASON,
+    LABEL_TARGET,
+    format_le,
+)
 
 
 class Kind(StrEnum):
@@ -34,160 +51,6 @@ class Aggregation(StrEnum):
 
     SUM = "sum"
     MAX = "max"
-
-
-# --- label names -----------------------------------------------------------------------------
-LABEL_ENGINE: Final = "engine"
-LABEL_MODEL: Final = "model"
-LABEL_DP_RANK: Final = "dp_rank"
-LABEL_OUTCOME: Final = "outcome"
-LABEL_METRIC: Final = "metric"
-LABEL_TARGET: Final = "target"
-LABEL_REASON: Final = "reason"
-LABEL_LORA_ADAPTER: Final = "lora_adapter"
-LABEL_LE: Final = "le"
-# llm_engine_info labels (config facts an engine reveals)
-LABEL_ENGINE_VERSION: Final = "engine_version"
-LABEL_BLOCK_SIZE: Final = "block_size"
-LABEL_GPU_MEMORY_UTILIZATION: Final = "gpu_memory_utilization"
-LABEL_PREFIX_CACHING: Final = "prefix_caching"
-LABEL_KV_CACHE_DTYPE: Final = "kv_cache_dtype"
-LABEL_MAX_CONCURRENCY: Final = "max_concurrency"
-
-INFO_LABELS: Final[tuple[str, ...]] = (
-    LABEL_ENGINE_VERSION,
-    LABEL_BLOCK_SIZE,
-    LABEL_GPU_MEMORY_UTILIZATION,
-    LABEL_PREFIX_CACHING,
-    LABEL_KV_CACHE_DTYPE,
-    LABEL_MAX_CONCURRENCY,
-)
-
-# The order in which canonical labels are rendered (``le`` always last).
-LABEL_ORDER: Final[tuple[str, ...]] = (
-    LABEL_ENGINE,
-    LABEL_MODEL,
-    LABEL_DP_RANK,
-    LABEL_OUTCOME,
-    LABEL_METRIC,
-    LABEL_TARGET,
-    LABEL_REASON,
-    LABEL_LORA_ADAPTER,
-    *INFO_LABELS,
-)
-
-# --- label values ----------------------------------------------------------------------------
-ENGINE_VLLM: Final = "vllm"
-ENGINE_TGI: Final = "tgi"
-ENGINE_TRTLLM: Final = "trtllm"
-ENGINE_TRITON: Final = "triton"
-ENGINES: Final[tuple[str, ...]] = (ENGINE_VLLM, ENGINE_TGI, ENGINE_TRTLLM, ENGINE_TRITON)
-
-OUTCOME_STOP: Final = "stop"
-OUTCOME_LENGTH: Final = "length"
-OUTCOME_ABORT: Final = "abort"
-OUTCOME_ERROR: Final = "error"
-OUTCOMES: Final[tuple[str, ...]] = (OUTCOME_STOP, OUTCOME_LENGTH, OUTCOME_ABORT, OUTCOME_ERROR)
-
-# Why a scrape of an engine failed: the ``reason`` of EXPORTER_LAST_SCRAPE_ERROR.
-SCRAPE_ERROR_TIMEOUT: Final = "timeout"
-SCRAPE_ERROR_UNREACHABLE: Final = "unreachable"
-SCRAPE_ERROR_HTTP_STATUS: Final = "http_status"
-SCRAPE_ERROR_BODY_TOO_LARGE: Final = "body_too_large"
-SCRAPE_ERROR_TOO_MANY_SAMPLES: Final = "too_many_samples"
-SCRAPE_ERROR_TRUNCATED: Final = "truncated"
-SCRAPE_ERROR_DUPLICATE_SERIES: Final = "duplicate_series"
-SCRAPE_ERROR_NON_FINITE: Final = "non_finite"
-SCRAPE_ERROR_INVALID: Final = "invalid"
-SCRAPE_ERROR_REDIRECT: Final = "redirect"
-"""a redirect the exporter does not follow: to another origin (by default), or one too many."""
-SCRAPE_ERROR_INTERNAL: Final = "internal"
-SCRAPE_ERROR_REASONS: Final[tuple[str, ...]] = (
-    SCRAPE_ERROR_TIMEOUT,
-    SCRAPE_ERROR_UNREACHABLE,
-    SCRAPE_ERROR_HTTP_STATUS,
-    SCRAPE_ERROR_BODY_TOO_LARGE,
-    SCRAPE_ERROR_TOO_MANY_SAMPLES,
-    SCRAPE_ERROR_TRUNCATED,
-    SCRAPE_ERROR_DUPLICATE_SERIES,
-    SCRAPE_ERROR_NON_FINITE,
-    SCRAPE_ERROR_INVALID,
-    SCRAPE_ERROR_REDIRECT,
-    SCRAPE_ERROR_INTERNAL,
-)
-
-PROXY_SERVICE: Final = "inferwatch-proxy"
-"""The OTLP ``service.name`` of ``inferwatch proxy``'s spans (its default): the collector tells the proxy's rows
-(the client's side of a request) from the engine's own by it, and counts one side at a time."""
-
-UNKNOWN: Final = "unknown"
-TRUE: Final = "true"
-FALSE: Final = "false"
-
-# --- bucket layouts --------------------------------------------------------------------------
-# OpenTelemetry GenAI advice for gen_ai.server.time_to_first_token.
-BUCKETS_TTFT: Final[tuple[float, ...]] = (
-    0.001,
-    0.005,
-    0.01,
-    0.02,
-    0.04,
-    0.06,
-    0.08,
-    0.1,
-    0.25,
-    0.5,
-    0.75,
-    1.0,
-    2.5,
-    5.0,
-    7.5,
-    10.0,
-)
-# OpenTelemetry GenAI advice for gen_ai.server.time_per_output_token.
-BUCKETS_TPOT: Final[tuple[float, ...]] = (
-    0.01,
-    0.025,
-    0.05,
-    0.075,
-    0.1,
-    0.15,
-    0.2,
-    0.3,
-    0.4,
-    0.5,
-    0.75,
-    1.0,
-    2.5,
-)
-# OpenTelemetry GenAI advice for gen_ai.server.request.duration: 0.01 doubling to 81.92.
-BUCKETS_REQUEST_DURATION: Final[tuple[float, ...]] = tuple(0.01 * 2**i for i in range(14))
-# Token counts: the 1-2-5 series (vLLM's own token layout is a prefix of it, so it maps exactly).
-BUCKETS_TOKENS: Final[tuple[float, ...]] = (
-    *(float(m * 10**e) for e in range(6) for m in (1, 2, 5)),
-    1_000_000.0,
-)
-
-
-def format_le(bound: float) -> str:
-    """Render a bucket boundary the one way inferwatch writes ``le`` values.
-
-    Python's shortest round-trip ``repr`` of the float (``0.5``, ``1.0``, ``81.92``), which is also
-    how prometheus_client renders them, and ``+Inf`` for infinity. Alert rules and dashboards
-    compare ``le`` strings produced by this function.
-    """
-    if math.isinf(bound):
-        return "+Inf" if bound > 0 else "-Inf"
-    return repr(float(bound))
-
-
-def format_value(value: float) -> str:
-    """Render a sample value in the text exposition format."""
-    if value != value:  # NaN
-        return "NaN"
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    return repr(float(value))
 
 
 @dataclass(frozen=True, eq=False)
@@ -664,64 +527,6 @@ CLIENT_COUNTERPARTS: Final[dict[str, MetricSpec]] = {
 ALL_METRICS: Final[tuple[MetricSpec, ...]] = CANONICAL_METRICS + HEALTH_METRICS + CLIENT_METRICS
 HISTOGRAMS: Final[tuple[MetricSpec, ...]] = tuple(m for m in CANONICAL_METRICS if m.kind is Kind.HISTOGRAM)
 LATENCY_HISTOGRAMS: Final[tuple[MetricSpec, ...]] = tuple(m for m in HISTOGRAMS if m.unit == "seconds")
-
-
-# --- SLO recording rules and alert names (generated by alerts/, read by dashboards/) ----------
-SLO_LABEL: Final = "slo"
-SEVERITY_LABEL: Final = "severity"
-LONG_WINDOW_LABEL: Final = "long_window"
-SHORT_WINDOW_LABEL: Final = "short_window"
-SEVERITY_PAGE: Final = "page"
-SEVERITY_TICKET: Final = "ticket"
-SLO_ERROR_RATIO_PREFIX: Final = "slo:sli_error:ratio_rate"
-"""``slo:sli_error:ratio_rate<window>``: errors / total over the window, summed before dividing."""
-SLO_WINDOWS: Final[tuple[str, ...]] = ("5m", "30m", "1h", "2h", "6h", "1d", "3d")
-SLO_OBJECTIVE_RECORD: Final = "slo:objective:ratio"
-SLO_ERROR_BUDGET_RECORD: Final = "slo:error_budget:ratio"
-SLO_PERIOD_ERROR_RATIO_RECORD: Final = "slo:sli_error:ratio_period"
-SLO_BUDGET_REMAINING_RECORD: Final = "slo:error_budget_remaining:ratio"
-SLO_INFO_RECORD: Final = "slo:info"
-SLO_ERRORS_RATE_RECORD: Final = "slo:sli_errors:rate5m"
-"""Bad events per second over 5m (summed by the SLO's group_by): the numerator the period SLI sums."""
-SLO_EVENTS_RATE_RECORD: Final = "slo:sli_events:rate5m"
-"""All events per second over 5m: the denominator the period SLI sums, and the minimum-traffic guard's count."""
-SLO_CURRENT_BURN_RATE_RECORD: Final = "slo:current_burn_rate:ratio"
-"""The 5m error ratio over the error budget: 1 spends the budget exactly over the period."""
-SLO_PERIOD_BURN_RATE_RECORD: Final = "slo:period_burn_rate:ratio"
-"""The period's error ratio over the error budget."""
-SLO_SERVICE_LABEL: Final = "service"
-"""The SLO file's ``service`` on every SLO series and alert: two files may reuse an SLO name."""
-
-ALERT_SLO_BURN: Final = "SLOErrorBudgetBurn"
-ALERT_KV_SATURATED: Final = "LLMKVCacheSaturated"
-ALERT_KV_EXHAUSTION_PREDICTED: Final = "LLMKVCacheExhaustionPredicted"
-ALERT_PREEMPTIONS_SUSTAINED: Final = "LLMPreemptionsSustained"
-ALERT_QUEUE_BACKLOG_GROWING: Final = "LLMQueueBacklogGrowing"
-ALERT_EXPORTER_TARGET_DOWN: Final = "LLMExporterTargetDown"
-ALERT_ENGINE_METRICS_ABSENT: Final = "LLMEngineMetricsAbsent"
-SATURATION_ALERTS: Final[tuple[str, ...]] = (
-    ALERT_KV_SATURATED,
-    ALERT_KV_EXHAUSTION_PREDICTED,
-    ALERT_PREEMPTIONS_SUSTAINED,
-    ALERT_QUEUE_BACKLOG_GROWING,
-    ALERT_EXPORTER_TARGET_DOWN,
-    ALERT_ENGINE_METRICS_ABSENT,
-)
-"""The saturation and health alerts (everything but the SLO burn-rate alert)."""
-ALERTS: Final[tuple[str, ...]] = (ALERT_SLO_BURN, *SATURATION_ALERTS)
-
-
-_LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*\Z")
-
-
-def is_label_name(name: str) -> bool:
-    """Whether ``name`` is a valid Prometheus label name."""
-    return _LABEL_NAME.match(name) is not None
-
-
-def slo_error_ratio(window: str) -> str:
-    """The recording rule of the SLI error ratio over ``window`` (``5m`` … ``3d``)."""
-    return f"{SLO_ERROR_RATIO_PREFIX}{window}"
 
 
 def metric_by_key(key: str) -> MetricSpec:

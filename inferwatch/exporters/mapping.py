@@ -383,54 +383,14 @@ def _translate_histogram(
 ) -> None:
     bounds = vocab.buckets(row.metric)
     if row.sum_only:
-        sum_name, count_name = row.sources
-        sum_samples = parsed.samples.get(sum_name)
-        count_samples = parsed.samples.get(count_name)
-        if not sum_samples or not count_samples:
-            return
-        count_by = {_norm(lbl): v for lbl, v in count_samples}
-        for labels, total in sum_samples:
-            if accept is not None and not accept(labels):
-                continue
-            n = count_by.get(_norm(labels))
-            mapped = _map_labels(row, labels)
-            if n is None or mapped is None:
-                continue
-            snap.add_histogram(row.metric, ctx.key(mapped), HistogramValue(bounds, None, n, total / row.divisor))
-            snap.inexact.add(row.metric)
-        _note(snap, row)
+        _translate_sum_only(row, parsed, ctx, snap, bounds, accept)
         return
     names = [c for s in row.sources for c in _candidates(adapter, s)]
     base = _first_present(parsed, names, "_bucket") or _first_present(parsed, names, "_count")
     if base is None:
         return
     _note(snap, row)
-    le_cache: dict[str, float] = {}
-    series: dict[Labels, tuple[Labels, list[tuple[float, float]]]] = {}
-    inf_counts: dict[Labels, float] = {}
-    for labels, value in parsed.samples.get(base + "_bucket", ()):
-        le_raw = ""
-        rest = []
-        for pair in labels:
-            if pair[0] == "le":
-                le_raw = pair[1]
-            else:
-                rest.append(pair)
-        key = tuple(sorted(rest))
-        le = le_cache.get(le_raw)
-        if le is None:
-            try:
-                le = float(le_raw) / row.divisor
-            except ValueError:
-                raise textparse.ParseError(f"{base}_bucket has an invalid le={le_raw!r}") from None
-            if le != le:
-                raise textparse.ParseError(f"{base}_bucket has le={le_raw!r}, not a boundary")
-            le_cache[le_raw] = le
-        if le == float("inf"):
-            inf_counts[key] = value
-            series.setdefault(key, (tuple(rest), []))
-        else:
-            series.setdefault(key, (tuple(rest), []))[1].append((le, value))
+    series, inf_counts = _bucket_series(parsed, base, row.divisor)
     sums = {_norm(lbl): v for lbl, v in parsed.samples.get(base + "_sum", ())}
     counts = {_norm(lbl): v for lbl, v in parsed.samples.get(base + "_count", ())}
     for key in counts.keys() - series.keys():
@@ -444,15 +404,78 @@ def _translate_histogram(
         buckets.sort()
         total = counts.get(key, inf_counts.get(key, buckets[-1][1] if buckets else 0.0))
         inf = inf_counts.get(key, total)
-        if buckets:
-            canon, exact = rebucket(buckets, bounds)
-            if not exact:
-                snap.inexact.add(row.metric)
-            hv = HistogramValue(bounds, canon, inf, sums.get(key, 0.0) / row.divisor)
-        else:
-            hv = HistogramValue(bounds, None, inf, sums.get(key, 0.0) / row.divisor)
+        canon, exact = rebucket(buckets, bounds) if buckets else (None, False)
+        if not exact:
             snap.inexact.add(row.metric)
-        snap.add_histogram(row.metric, ctx.key(mapped), hv)
+        snap.add_histogram(
+            row.metric, ctx.key(mapped), HistogramValue(bounds, canon, inf, sums.get(key, 0.0) / row.divisor)
+        )
+
+
+def _translate_sum_only(
+    row: Row,
+    parsed: ParsedText,
+    ctx: TranslateContext,
+    snap: Snapshot,
+    bounds: tuple[float, ...],
+    accept: Accept | None,
+) -> None:
+    """A histogram source with no buckets (``row.sources`` is ``(sum_sample, count_sample)``): count and sum only."""
+    sum_name, count_name = row.sources
+    sum_samples = parsed.samples.get(sum_name)
+    count_samples = parsed.samples.get(count_name)
+    if not sum_samples or not count_samples:
+        return
+    count_by = {_norm(lbl): v for lbl, v in count_samples}
+    for labels, total in sum_samples:
+        if accept is not None and not accept(labels):
+            continue
+        n = count_by.get(_norm(labels))
+        mapped = _map_labels(row, labels)
+        if n is None or mapped is None:
+            continue
+        snap.add_histogram(row.metric, ctx.key(mapped), HistogramValue(bounds, None, n, total / row.divisor))
+        snap.inexact.add(row.metric)
+    _note(snap, row)
+
+
+_BucketSeries = dict[Labels, tuple[Labels, list[tuple[float, float]]]]
+"""sorted labels without ``le`` -> (those labels as the source ordered them, [(finite le, cumulative count)])."""
+
+
+def _bucket_series(parsed: ParsedText, base: str, divisor: float) -> tuple[_BucketSeries, dict[Labels, float]]:
+    """The ``<base>_bucket`` samples by series: finite buckets (``le`` in canonical units), ``+Inf`` counts."""
+    le_cache: dict[str, float] = {}
+    series: _BucketSeries = {}
+    inf_counts: dict[Labels, float] = {}
+    for labels, value in parsed.samples.get(base + "_bucket", ()):
+        le_raw = ""
+        rest = []
+        for pair in labels:
+            if pair[0] == "le":
+                le_raw = pair[1]
+            else:
+                rest.append(pair)
+        key = tuple(sorted(rest))
+        le = le_cache.get(le_raw)
+        if le is None:
+            le = le_cache[le_raw] = _parse_le(base, le_raw, divisor)
+        if le == float("inf"):
+            inf_counts[key] = value
+            series.setdefault(key, (tuple(rest), []))
+        else:
+            series.setdefault(key, (tuple(rest), []))[1].append((le, value))
+    return series, inf_counts
+
+
+def _parse_le(base: str, le_raw: str, divisor: float) -> float:
+    try:
+        le = float(le_raw) / divisor
+    except ValueError:
+        raise textparse.ParseError(f"{base}_bucket has an invalid le={le_raw!r}") from None
+    if le != le:
+        raise textparse.ParseError(f"{base}_bucket has le={le_raw!r}, not a boundary")
+    return le
 
 
 def _norm(labels: Labels) -> Labels:

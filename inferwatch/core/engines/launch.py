@@ -177,63 +177,82 @@ def _convert(flag: Flag, spelled: str, raw: str) -> str | float | bool | dict[st
     return raw
 
 
-def parse_launch(line: str, profiles: Mapping[str, EngineProfile], engine: str | None = None) -> LaunchConfig:
-    """The engine, model and knob settings of a launch command line (see the module docstring)."""
-    if engine is not None and engine not in profiles:
-        raise LaunchError(f"unknown engine {engine!r}; known: {', '.join(profiles)}")
-    env, tokens = _leading_env(_split(line))
-    profile, command, args, container_env = _identify(tokens, profiles, engine)
-    env.update(container_env)
-    by_name: dict[str, Flag] = {}
-    negations: dict[str, Flag] = {}
-    for flag in profile.flags:
-        for name in flag.names:
-            by_name[name] = flag
-        for name in flag.negations:
-            negations[name] = flag
-    settings: dict[Knob, Setting] = {}
-    unknown: list[str] = []
+@dataclass
+class _Args:
+    """The words after the command, read left to right into knob settings, unknown flags and the model."""
+
+    profile: EngineProfile
+    args: list[str]
+    by_name: dict[str, Flag] = field(default_factory=dict)
+    negations: dict[str, Flag] = field(default_factory=dict)
+    settings: dict[Knob, Setting] = field(default_factory=dict)
+    unknown: list[str] = field(default_factory=list)
     model: str | None = None
-    i = 0
-    while i < len(args):
-        tok = args[i]
-        i += 1
-        if tok.startswith("-") and len(tok) > 1:
-            spelled, eq, inline = tok.partition("=")
-            name = profile.flag_style(spelled)
-            if name in negations:
-                negated = negations[name]
-                settings[negated.knob] = Setting(negated.knob, False, spelled, negated)
-                continue
-            if name in profile.model_flags:
-                if not eq and i < len(args):
-                    inline, i = args[i], i + 1
-                model = inline or model
-                continue
-            found = by_name.get(name)
-            takes_value = found is None or found.kind is not FlagKind.BOOL
-            if eq:
-                raw: str | None = inline
-            elif takes_value and i < len(args) and not args[i].startswith("-"):
-                raw, i = args[i], i + 1
+    i: int = 0
+
+    def __post_init__(self) -> None:
+        for flag in self.profile.flags:
+            for name in flag.names:
+                self.by_name[name] = flag
+            for name in flag.negations:
+                self.negations[name] = flag
+
+    def read(self) -> None:
+        while self.i < len(self.args):
+            tok = self._take()
+            if tok.startswith("-") and len(tok) > 1:
+                self._flag(tok)
             else:
-                raw = None
-            if found is None:
-                unknown.append(spelled)
-                continue
-            if raw is None and found.kind is not FlagKind.BOOL:
-                raise LaunchError(f"{spelled}: expected a value")
-            value = True if raw is None else _convert(found, spelled, raw)
-            settings[found.knob] = Setting(found.knob, value, spelled, found)
-            continue
+                self._word(tok)
+
+    def _take(self) -> str:
+        tok = self.args[self.i]
+        self.i += 1
+        return tok
+
+    def _flag(self, tok: str) -> None:
+        spelled, eq, inline = tok.partition("=")
+        name = self.profile.flag_style(spelled)
+        if name in self.negations:
+            negated = self.negations[name]
+            self.settings[negated.knob] = Setting(negated.knob, False, spelled, negated)
+            return
+        if name in self.profile.model_flags:
+            if not eq and self.i < len(self.args):
+                inline = self._take()
+            self.model = inline or self.model
+            return
+        found = self.by_name.get(name)
+        raw = inline if eq else self._value_after(found)
+        if found is None:
+            self.unknown.append(spelled)
+            return
+        if raw is None and found.kind is not FlagKind.BOOL:
+            raise LaunchError(f"{spelled}: expected a value")
+        value = True if raw is None else _convert(found, spelled, raw)
+        self.settings[found.knob] = Setting(found.knob, value, spelled, found)
+
+    def _value_after(self, found: Flag | None) -> str | None:
+        """The next word as the flag's value, when the flag takes one (an unknown flag may) and it is no flag."""
+        takes_value = found is None or found.kind is not FlagKind.BOOL
+        if takes_value and self.i < len(self.args) and not self.args[self.i].startswith("-"):
+            return self._take()
+        return None
+
+    def _word(self, tok: str) -> None:
+        """``key=value`` sets a config-file key; the first bare word is the model."""
         key, eq, raw_value = tok.partition("=")
-        if eq and key in by_name:
-            keyed = by_name[key]
-            settings[keyed.knob] = Setting(keyed.knob, _convert(keyed, key, raw_value), key, keyed)
-        elif model is None and not eq:
-            model = tok
+        if eq and key in self.by_name:
+            keyed = self.by_name[key]
+            self.settings[keyed.knob] = Setting(keyed.knob, _convert(keyed, key, raw_value), key, keyed)
+        elif self.model is None and not eq:
+            self.model = tok
         else:
-            unknown.append(tok)
+            self.unknown.append(tok)
+
+
+def _complete(profile: EngineProfile, settings: dict[Knob, Setting], env: Mapping[str, str]) -> None:
+    """Knobs no flag set: from the environment, else the engine's default; then the fixed ones."""
     for flag in profile.flags:
         if flag.knob in settings or flag.env is None or flag.env not in env:
             continue
@@ -245,4 +264,16 @@ def parse_launch(line: str, profiles: Mapping[str, EngineProfile], engine: str |
         settings.setdefault(knob, Setting(knob, True, "fixed", None, why))
     for knob, why in profile.build_time.items():
         settings.setdefault(knob, Setting(knob, None, "fixed", None, why))
-    return LaunchConfig(profile.name, command, model, settings, tuple(unknown), env)
+
+
+def parse_launch(line: str, profiles: Mapping[str, EngineProfile], engine: str | None = None) -> LaunchConfig:
+    """The engine, model and knob settings of a launch command line (see the module docstring)."""
+    if engine is not None and engine not in profiles:
+        raise LaunchError(f"unknown engine {engine!r}; known: {', '.join(profiles)}")
+    env, tokens = _leading_env(_split(line))
+    profile, command, args, container_env = _identify(tokens, profiles, engine)
+    env.update(container_env)
+    reader = _Args(profile, args)
+    reader.read()
+    _complete(profile, reader.settings, env)
+    return LaunchConfig(profile.name, command, reader.model, reader.settings, tuple(reader.unknown), env)

@@ -1,4 +1,4 @@
-"""TGI's router API (``router/src/server.rs``): validation and admission, ``/generate``,
+"""TGI's router API (``router/src/server.rs``): admission (validation: ``validation.py``), ``/generate``,
 ``/generate_stream``, ``/``, ``/v1/chat/completions``, ``/info``, ``/metrics`` and the timing headers."""
 
 from __future__ import annotations
@@ -15,20 +15,18 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from inferwatch.simulator.base import RequestHandle, SimulatedEngine, count_tokens
+from inferwatch.simulator.base import RequestHandle, SimulatedEngine
 from inferwatch.simulator.engines.tgi.metrics import TgiMetrics
 from inferwatch.simulator.engines.tgi.protocol import (
     BOS_ID,
     BOS_TEXT,
     COMPUTE_TYPE,
-    DEFAULT_GENERATION_LENGTH,
     DOCKER_LABEL,
     GENERATION_ERROR,
     MAX_BEST_OF,
     MAX_CLIENT_BATCH_SIZE,
     MAX_CONCURRENT_REQUESTS,
     MAX_STOP_SEQUENCES,
-    MAX_TOP_N_TOKENS,
     PIPELINE_TAG,
     ROUTER,
     SHA,
@@ -50,6 +48,7 @@ from inferwatch.simulator.engines.tgi.protocol import (
     token,
 )
 from inferwatch.simulator.engines.tgi.spans import TgiSpans, incoming_context
+from inferwatch.simulator.engines.tgi.validation import Validation
 from inferwatch.simulator.scheduler import Finish, Sequence
 
 
@@ -91,6 +90,7 @@ class TgiSim:
         self.engine = engine
         self.max_total_tokens = engine.params.max_model_len
         self.max_input_tokens = self.max_total_tokens - 1
+        self.validation = Validation(self.max_input_tokens, self.max_total_tokens)
         self.metrics = TgiMetrics(engine, self.max_input_tokens, self.max_total_tokens)
         self.rng = random.Random(engine.settings.seed * 31 + 17)
         engine.add_observer(self.metrics)
@@ -103,66 +103,13 @@ class TgiSim:
         m = self.engine.model
         return len(m.running) + len(m.waiting)
 
-    def validate(self, inputs: str, p: Params) -> tuple[int, int]:
-        """``Validation::validate``: (input_length, max_total_new_tokens), or a ValidationError message."""
-        sampling = p.do_sample or any(v is not None for v in (p.temperature, p.top_k, p.top_p, p.typical_p))
-        best_of = p.best_of if p.best_of is not None else 1
-        if best_of > 1 and not sampling:
-            raise ValueError("you must use sampling when `best_of` is > 1")
-        if best_of == 0 or best_of > MAX_BEST_OF:
-            raise ValueError(f"`best_of` must be > 0 and <= {MAX_BEST_OF}. Given: {best_of}")
-        if (p.temperature if p.temperature is not None else 1.0) <= 0.0:
-            raise ValueError("`temperature` must be strictly positive")
-        if (p.repetition_penalty if p.repetition_penalty is not None else 1.0) <= 0.0:
-            raise ValueError("`repetition_penalty` must be strictly positive")
-        if not -2.0 <= (p.frequency_penalty or 0.0) <= 2.0:
-            raise ValueError("`frequency_penalty` must be >= -2.0 and <= 2.0")
-        if p.top_p is not None and not 0.0 < p.top_p < 1.0:
-            raise ValueError("`top_p` must be > 0.0 and < 1.0")
-        if p.typical_p is not None and not 0.0 < p.typical_p < 1.0:
-            raise ValueError("`typical_p` must be > 0.0 and < 1.0")
-        if p.top_k is not None and p.top_k <= 0:
-            raise ValueError("`top_k` must be strictly positive")
-        if p.max_new_tokens == 0:
-            raise ValueError("`max_new_tokens` must be strictly positive")
-        if len(p.stop) > MAX_STOP_SEQUENCES:
-            raise ValueError(f"`stop` supports up to {MAX_STOP_SEQUENCES} stop sequences. Given: {len(p.stop)}")
-        if p.seed is not None and best_of > 1:
-            raise ValueError("`seed` must not be set when `best_of` > 1")
-        if p.top_n_tokens is not None and p.top_n_tokens > MAX_TOP_N_TOKENS:
-            raise ValueError(f"`top_n_tokens` must be >= 0 and <= {MAX_TOP_N_TOKENS}. Given: {p.top_n_tokens}")
-        if not inputs:
-            raise ValueError("`inputs` cannot be empty")
-        if p.truncate is not None and (p.truncate == 0 or p.truncate > self.max_input_tokens):
-            raise ValueError(
-                f"`truncate` must be strictly positive and less than {self.max_input_tokens}. Given: {p.truncate}"
-            )
-        tokens = count_tokens(inputs)
-        input_length = min(tokens, p.truncate) if p.truncate is not None else tokens
-        return self.check_lengths(input_length, p.max_new_tokens)
-
-    def check_lengths(self, input_length: int, max_new_tokens: int | None) -> tuple[int, int]:
-        if max_new_tokens is not None:
-            chunk, total_new = min(max_new_tokens, DEFAULT_GENERATION_LENGTH), max_new_tokens
-        else:
-            total_new = max(0, self.max_total_tokens - input_length)
-            chunk = min(total_new, DEFAULT_GENERATION_LENGTH)
-        if input_length + chunk > self.max_total_tokens:
-            raise ValueError(
-                f"`inputs` tokens + `max_new_tokens` must be <= {self.max_total_tokens}. "
-                f"Given: {input_length} `inputs` tokens and {chunk} `max_new_tokens`"
-            )
-        if input_length > self.max_input_tokens:
-            raise ValueError(f"`inputs` must have less than {self.max_input_tokens} tokens. Given: {input_length}")
-        return input_length, total_new
-
     def admit(self, call: Call) -> RequestHandle:
         """``Infer::generate_stream``: permit, validation, then the queue. Raises :class:`TgiError`."""
         if self.permits_in_use() >= MAX_CONCURRENT_REQUESTS:
             self.metrics.failure("overloaded")
             raise TgiError(429, "Model is overloaded", "overloaded")
         try:
-            input_length, total_new = self.validate(call.inputs, call.params)
+            input_length, total_new = self.validation.validate(call.inputs, call.params)
         except ValueError as exc:
             self.metrics.failure("validation")
             error = TgiError(422, f"Input validation error: {exc}", "validation")
@@ -183,7 +130,7 @@ class TgiSim:
             self.metrics.failure("overloaded")
             return
         try:
-            self.check_lengths(prompt, max_tokens)
+            self.validation.check_lengths(prompt, max_tokens)
         except ValueError:
             self.metrics.failure("validation")
             return

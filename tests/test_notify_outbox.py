@@ -1,6 +1,6 @@
-"""The notify file (errors name line and field, matchers, tokens) and the outbox: fan-out of incident
-events into deliveries, and the dispatcher against a real HTTP sink on 127.0.0.1 (retries,
-Retry-After, backoff, dead letters, leases, a restart). Time is passed in: no test sleeps for a backoff.
+"""The outbox: fan-out of incident events into deliveries, and the dispatcher against a real HTTP sink on
+127.0.0.1 (retries, Retry-After, backoff, dead letters, leases, a restart). Time is passed in: no test sleeps
+for a backoff. The notify file itself: ``tests/test_notify_config.py``.
 
 The outbox tests run on SQLite and on PostgreSQL (a fresh schema; skipped without a server, failing
 under CI).
@@ -10,188 +10,38 @@ from __future__ import annotations
 
 import asyncio
 import json
-import random
-import threading
-from collections import deque
 from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from email.utils import format_datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
-from sqlalchemy import Connection, Engine, func, insert, select, update
+from sqlalchemy import Connection, Engine, func, select, update
 
 from inferwatch import __version__
 from inferwatch.collector.incidents.intake import FIRING, PENDING, RESOLVED
 from inferwatch.collector.incidents.messages import IncidentMessage
-from inferwatch.collector.incidents.notify import (
-    NotifyConfig,
-    NotifyConfigError,
-    Receiver,
-    RetryPolicy,
-    load_notify_config,
-    parse_notify_config,
-)
-from inferwatch.collector.incidents.outbox import DEAD, DELIVERED, Dispatcher, fan_out, retry_after_seconds
+from inferwatch.collector.incidents.notify import NotifyConfig, parse_notify_config
+from inferwatch.collector.incidents.outbox import DEAD, DELIVERED, Dispatcher, fan_out
 from inferwatch.collector.store import db
-from inferwatch.collector.store.tables import (
-    ALERTS_TABLE,
-    DELIVERIES_TABLE,
-    DELIVERY_ATTEMPTS_TABLE,
-    INCIDENT_EVENTS_TABLE,
-    INCIDENTS_TABLE,
-)
+from inferwatch.collector.store.tables import DELIVERIES_TABLE, INCIDENT_EVENTS_TABLE, INCIDENTS_TABLE
 from tests.conftest import free_port, postgres_schema
-
-T0 = datetime(2025, 3, 1, 9, 0, tzinfo=UTC)
-TOKEN = "s3cr3t-bot-token"
-
-
-# --- the notify file -------------------------------------------------------------------------------------------------
-
-GOOD = """\
-receivers:
-  - name: oncall-slack
-    url: https://hooks.example.com/services/T000/B000/XXXX
-    format: slack
-    match: {severity: page}
-  - name: incident-bot
-    url: http://incident-bot.internal:8080/inferwatch
-    format: json
-    token_env: INCIDENT_BOT_TOKEN
-"""
-
-
-def test_notify_file_loads_with_defaults(tmp_path: Path) -> None:
-    path = tmp_path / "notify.yaml"
-    path.write_text(GOOD)
-    config = load_notify_config(path, {"INCIDENT_BOT_TOKEN": TOKEN})
-    slack, bot = config.receivers
-    assert (slack.name, slack.format, slack.match, slack.timeout_seconds, slack.max_attempts) == (
-        "oncall-slack",
-        "slack",
-        {"severity": "page"},
-        5,
-        10,
-    )
-    assert config.retry == RetryPolicy(initial_seconds=1, factor=2, max_seconds=300, jitter=0.2)
-    assert slack.bearer({}) is None
-    assert bot.bearer({"INCIDENT_BOT_TOKEN": TOKEN}) == TOKEN
-    inline = Receiver(name="a", url="http://h", format="json", token=TOKEN)
-    assert TOKEN not in repr(config) and TOKEN not in repr(inline) and inline.bearer({}) == TOKEN
-    assert config.receiver("incident-bot") is bot and config.receiver("gone") is None
-    assert parse_notify_config("retry: {factor: 3}\n", "n.yaml", {}).receivers == []
-
-
-@pytest.mark.parametrize(
-    ("text", "expected"),
-    [
-        (
-            GOOD.replace("http://incident-bot", "ftp://incident-bot"),
-            "notify.yaml line 7: receivers.1.url: expected an http",
-        ),
-        (
-            GOOD.replace("https://hooks.example.com/", "https:///"),
-            "notify.yaml line 3: receivers.0.url: the URL has no host",
-        ),
-        (GOOD.replace(":8080/", ":80800/"), "notify.yaml line 7: receivers.1.url: the URL's port"),
-        (
-            GOOD.replace("match: {severity: page}", 'match_re: {model: "lla(ma"}'),
-            "notify.yaml line 5: receivers.0.match_re.model: 'lla(ma' is not a regular expression",
-        ),
-        (
-            GOOD.replace("match: {severity: page}", 'match: {"bad-label": x}'),
-            "notify.yaml line 5: receivers.0.match.bad-label: 'bad-label' is not a label name",
-        ),
-        (
-            GOOD.replace("format: json", "format: xml"),
-            "notify.yaml line 8: receivers.1.format: Input should be 'json' or",
-        ),
-        (
-            GOOD.replace("incident-bot\n", "oncall-slack\n"),
-            "notify.yaml line 6: receivers.1.name: two receivers are named",
-        ),
-        (GOOD.replace("name: oncall-slack", "name: OnCall"), "notify.yaml line 2: receivers.0.name: 'OnCall': use"),
-        (
-            GOOD + "    token: inline\n",
-            "notify.yaml line 9: receivers.1.token_env: give token or token_env, not both",
-        ),
-        (GOOD + "    colour: red\n", "notify.yaml line 10: receivers.1.colour: Extra inputs are not permitted"),
-        (GOOD + "    timeout_seconds: 61\n", "notify.yaml line 10: receivers.1.timeout_seconds: Input should be less"),
-        (GOOD + "    max_attempts: 0\n", "notify.yaml line 10: receivers.1.max_attempts: Input should be greater"),
-        (
-            GOOD.replace("    url: http://incident", "    uri: http://incident"),
-            "notify.yaml line 7: receivers.1.uri: Extra",
-        ),
-        (
-            GOOD + "retry: {initial_seconds: 10, max_seconds: 5}\n",
-            "notify.yaml line 10: retry.max_seconds: must not be",
-        ),
-        (GOOD + "retries: 3\n", "notify.yaml line 10: retries: Extra inputs are not permitted"),
-        ("receivers:\n  - name: a\n    url: [http\n", "notify.yaml line 4: not valid YAML"),
-        ("- a\n", "notify.yaml: expected a mapping with 'receivers:'"),
-    ],
+from tests.support.notify_outbox import (
+    T0,
+    TOKEN,
+    Sink,
+    add_event,
+    add_incident,
+    attempts,
+    build,
+    config_for,
+    deliveries,
+    dispatch,
+    fanned_out,
+    one_delivery,
+    sink_server,
 )
-def test_notify_file_errors_name_line_and_field(text: str, expected: str) -> None:
-    with pytest.raises(NotifyConfigError) as exc:
-        parse_notify_config(text, "notify.yaml", {"INCIDENT_BOT_TOKEN": TOKEN})
-    assert expected in str(exc.value), str(exc.value)
-
-
-def test_notify_file_missing_token_env_names_the_variable(tmp_path: Path) -> None:
-    path = tmp_path / "notify.yaml"
-    path.write_text(GOOD)
-    with pytest.raises(NotifyConfigError) as exc:
-        load_notify_config(path, {})
-    assert str(exc.value) == (
-        f"{path} line 9: receivers.1.token_env: the environment variable INCIDENT_BOT_TOKEN is not set "
-        "(receiver incident-bot)"
-    )
-    with pytest.raises(NotifyConfigError, match="INCIDENT_BOT_TOKEN is not set"):
-        load_notify_config(path, {"INCIDENT_BOT_TOKEN": ""})
-    with pytest.raises(NotifyConfigError, match="cannot read"):
-        load_notify_config(tmp_path / "absent.yaml", {})
-
-
-def test_no_url_in_errors() -> None:
-    """A Slack webhook URL is a secret: a bad one is not quoted back."""
-    with pytest.raises(NotifyConfigError) as exc:
-        parse_notify_config(GOOD.replace("https://hooks", "htps://hooks"), "n.yaml", {"INCIDENT_BOT_TOKEN": "x"})
-    assert "XXXX" not in str(exc.value)
-
-
-def test_matching() -> None:
-    r = Receiver(name="r", url="http://h", format="json", match={"severity": "page"}, match_re={"model": "llama-.*"})
-    assert r.matches({"severity": "page", "model": "llama-3"})
-    assert not r.matches({"severity": "ticket", "model": "llama-3"})
-    assert not r.matches({"severity": "page", "model": "my-llama-3"})  # a full match, not a search
-    assert not r.matches({"severity": "page"})  # a missing label is ""
-    assert Receiver(name="all", url="http://h", format="json").matches({})
-    absent = Receiver(name="a", url="http://h", format="json", match={"team": ""}, match_re={"env": "|prod"})
-    assert absent.matches({}) and absent.matches({"env": "prod"}) and not absent.matches({"team": "x"})
-
-
-def test_backoff() -> None:
-    policy = RetryPolicy(initial_seconds=1, factor=2, max_seconds=60, jitter=0)
-    assert [policy.delay(n, random.Random(0)) for n in range(1, 9)] == [1, 2, 4, 8, 16, 32, 60, 60]
-    assert policy.delay(100_000, random.Random(0)) == 60
-    jittered = RetryPolicy(jitter=0.2)
-    delays = [jittered.delay(3, random.Random(seed)) for seed in range(200)]
-    assert min(delays) >= 3.2 and max(delays) <= 4.8 and len(set(delays)) > 100
-
-
-def test_retry_after() -> None:
-    assert retry_after_seconds("30", T0) == 30
-    assert retry_after_seconds(format_datetime(T0 + timedelta(seconds=90), usegmt=True), T0) == 90
-    assert retry_after_seconds(format_datetime(T0 - timedelta(seconds=90), usegmt=True), T0) == 0
-    assert retry_after_seconds("soon", T0) is None
-    assert retry_after_seconds(None, T0) is None
-
 
 # --- the database ----------------------------------------------------------------------------------------------------
 
@@ -211,122 +61,6 @@ def engine(db_url: str) -> Iterator[Engine]:
     db.ensure_schema(eng)
     yield eng
     eng.dispose()
-
-
-def add_incident(
-    engine: Engine, alerts: list[dict[str, str]], labels: dict[str, str] | None = None, enrichment: str = "done"
-) -> int:
-    i, a = INCIDENTS_TABLE, ALERTS_TABLE
-    with engine.begin() as conn:
-        incident_id = int(
-            conn.execute(
-                insert(i)
-                .values(
-                    group_key='{}:{alertname="x"}',
-                    status=FIRING,
-                    title="x",
-                    severity=alerts[0].get("severity") if alerts else None,
-                    labels=labels or {},
-                    opened_at=T0,
-                    updated_at=T0,
-                    enrichment_state=enrichment,
-                )
-                .returning(i.c.id)
-            ).scalar_one()
-        )
-        for n, alert_labels in enumerate(alerts):
-            conn.execute(
-                insert(a).values(
-                    incident_id=incident_id,
-                    fingerprint=f"{incident_id:x}{n:04x}",
-                    starts_at=T0,
-                    status=FIRING,
-                    alertname=alert_labels.get("alertname", "x"),
-                    severity=alert_labels.get("severity"),
-                    labels=alert_labels,
-                    annotations={},
-                    first_seen_at=T0,
-                    last_seen_at=T0,
-                    times_seen=1,
-                )
-            )
-    return incident_id
-
-
-def add_event(engine: Engine, incident_id: int, kind: str, forward: bool = True) -> int:
-    e = INCIDENT_EVENTS_TABLE
-    with engine.begin() as conn:
-        return int(
-            conn.execute(
-                insert(e)
-                .values(incident_id=incident_id, at=T0, kind=kind, detail=kind, forward=forward, fanned_out=False)
-                .returning(e.c.id)
-            ).scalar_one()
-        )
-
-
-def build(conn: Connection, incident_id: int, event_id: int, kind: str) -> IncidentMessage:
-    """A message from the rows (the collector's real one adds the enrichment)."""
-    i, a = INCIDENTS_TABLE, ALERTS_TABLE
-    inc = conn.execute(select(i).where(i.c.id == incident_id)).one()
-    alerts = conn.execute(select(a).where(a.c.incident_id == incident_id).order_by(a.c.id)).all()
-    return IncidentMessage.model_validate(
-        {
-            "event": kind,
-            "incident_id": incident_id,
-            "status": inc.status,
-            "title": inc.title,
-            "severity": inc.severity,
-            "labels": inc.labels,
-            "opened_at": inc.opened_at,
-            "resolved_at": inc.resolved_at,
-            "summary": f"event {event_id}",
-            "alerts": [
-                {
-                    "alertname": r.alertname,
-                    "status": r.status,
-                    "severity": r.severity,
-                    "labels": r.labels,
-                    "annotations": r.annotations,
-                    "starts_at": r.starts_at,
-                    "ends_at": r.ends_at,
-                    "generator_url": r.generator_url,
-                }
-                for r in alerts
-            ],
-            "enrichment": {},
-            "top_finding": None,
-            "remedy": None,
-            "incident_url": None,
-        }
-    )
-
-
-def deliveries(engine: Engine) -> list[Any]:
-    d = DELIVERIES_TABLE
-    with engine.connect() as conn:
-        return list(conn.execute(select(d).order_by(d.c.id)).all())
-
-
-def attempts(engine: Engine, delivery_id: int) -> list[Any]:
-    t = DELIVERY_ATTEMPTS_TABLE
-    with engine.connect() as conn:
-        return list(conn.execute(select(t).where(t.c.delivery_id == delivery_id).order_by(t.c.id)).all())
-
-
-def fanned_out(engine: Engine) -> dict[int, bool]:
-    e = INCIDENT_EVENTS_TABLE
-    with engine.connect() as conn:
-        return {int(r.id): bool(r.fanned_out) for r in conn.execute(select(e.c.id, e.c.fanned_out))}
-
-
-def config_for(url: str, *, max_attempts: int = 10, token: bool = False, jitter: float = 0) -> NotifyConfig:
-    auth = "    token_env: BOT_TOKEN\n" if token else ""
-    text = (
-        f"receivers:\n  - name: bot\n    url: {url}\n    format: json\n    max_attempts: {max_attempts}\n{auth}"
-        f"    timeout_seconds: 2\nretry: {{initial_seconds: 1, factor: 2, max_seconds: 300, jitter: {jitter}}}\n"
-    )
-    return parse_notify_config(text, "notify.yaml", {"BOT_TOKEN": TOKEN})
 
 
 # --- fan-out ---------------------------------------------------------------------------------------------------------
@@ -424,106 +158,13 @@ def test_fan_out_leaves_an_event_it_cannot_build(engine: Engine) -> None:
     assert fan_out(engine, ROUTING, build, T0) == 1
 
 
-# --- the sink: a real HTTP server ------------------------------------------------------------------------------------
-
-
-@dataclass
-class Seen:
-    path: str
-    headers: dict[str, str]
-    body: Any
-    status: int
-
-
-@dataclass
-class Sink:
-    """Records POSTs; answers 200 unless told otherwise for the next requests."""
-
-    url: str = ""
-    seen: list[Seen] = field(default_factory=list)
-    plan: deque[tuple[int, dict[str, str]]] = field(default_factory=deque)
-    delay: float = 0.0
-    in_flight: int = 0
-    max_in_flight: int = 0
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    release: threading.Event = field(default_factory=threading.Event)
-
-    def answer_next(self, n: int, status: int, headers: dict[str, str] | None = None) -> None:
-        self.plan.extend([(status, headers or {})] * n)
-
-    def keys(self) -> list[str]:
-        return [s.headers["idempotency-key"] for s in self.seen]
-
-
-@contextmanager
-def sink_server() -> Iterator[Sink]:
-    sink = Sink()
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            body = self.rfile.read(int(self.headers["Content-Length"]))
-            with sink.lock:
-                sink.in_flight += 1
-                sink.max_in_flight = max(sink.max_in_flight, sink.in_flight)
-            try:
-                if sink.delay:
-                    sink.release.wait(sink.delay)
-                with sink.lock:
-                    status, headers = sink.plan.popleft() if sink.plan else (200, {})
-                    sink.seen.append(Seen(self.path, {k.lower(): v for k, v in self.headers.items()}, body, status))
-            finally:
-                with sink.lock:
-                    sink.in_flight -= 1
-            answer = b"ok" if status < 300 else b"try later"
-            self.send_response(status)
-            for k, v in headers.items():
-                self.send_header(k, v)
-            self.send_header("Content-Length", str(len(answer)))
-            self.end_headers()
-            self.wfile.write(answer)
-
-        def log_message(self, format: str, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.handle_error = lambda request, client_address: None  # type: ignore[method-assign]
-    sink.url = f"http://127.0.0.1:{server.server_address[1]}/hook"
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    try:
-        yield sink
-    finally:
-        sink.release.set()
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=10)
+# --- dispatch ---------------------------------------------------------------------------------------------------------
 
 
 @pytest.fixture
 def sink() -> Iterator[Sink]:
     with sink_server() as s:
         yield s
-
-
-def dispatch(engine: Engine, config: NotifyConfig, *nows: datetime, **kwargs: Any) -> tuple[list[int], Dispatcher]:
-    """Run one dispatcher's ``run_once`` at each of ``nows``; what each attempted, and the dispatcher."""
-
-    async def main() -> tuple[list[int], Dispatcher]:
-        async with httpx.AsyncClient() as client:
-            d = Dispatcher(engine, config, client, {"BOT_TOKEN": TOKEN}, **kwargs)
-            return [await d.run_once(now) for now in nows], d
-
-    return asyncio.run(main())
-
-
-def one_delivery(engine: Engine, config: NotifyConfig, kind: str = FIRING) -> Any:
-    incident = add_incident(engine, [{"alertname": "A", "severity": "page"}])
-    add_event(engine, incident, kind)
-    assert fan_out(engine, config, build, T0) == 1
-    return deliveries(engine)[-1]
-
-
-# --- dispatch --------------------------------------------------------------------------------------------------------
 
 
 def test_delivered_once_with_idempotency_key_and_token(engine: Engine, sink: Sink) -> None:

@@ -28,9 +28,9 @@ from inferwatch.cli.proxy import proxy as proxy_command
 from inferwatch.core.connections import connection_cap
 from inferwatch.proxy.server import ProxySettings
 from tests.conftest import free_port
+from tests.support.proxy_harness import LOOPS, echo_upstream, running_proxy
 from tests.support.slowloris import Attack, attack, body_dribbler, head_dribbler, kept_dribbler, need_fds, silent
 from tests.support.stack import Processes
-from tests.test_proxy import LOOPS, echo_upstream, running_proxy
 from tests.test_slow_clients import BODIES, BODY_S, HEADER_S, HEADS, Probe, check_closed
 
 GENERATE = ("POST", "/v1/completions", {"json": {"model": "m", "prompt": "x", "stream": True}})

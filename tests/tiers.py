@@ -75,6 +75,7 @@ COMPONENTS: dict[str, str | None] = {
     "test_collector_input.py": "collector",
     "test_collector_openapi.py": "collector",
     "test_collector_sources.py": "collector",
+    "test_collector_sources_validation.py": "collector",
     "test_collector_storage.py": "collector",
     "test_diagnose.py": "collector",
     "test_diagnose_e2e.py": "collector",
@@ -82,6 +83,7 @@ COMPONENTS: dict[str, str | None] = {
     "test_grpc_protocol.py": "collector",
     "test_incident_page.py": "collector",
     "test_message_escaping.py": "collector",
+    "test_notify_config.py": "collector",
     "test_notify_outbox.py": "collector",
     "test_openapi_fuzz.py": "collector",
     "test_page_chromium.py": "collector",
@@ -107,6 +109,7 @@ COMPONENTS: dict[str, str | None] = {
     "test_sim_vllm.py": "simulator",
     # proxy
     "test_proxy.py": "proxy",
+    "test_proxy_passthrough.py": "proxy",
     "test_proxy_slow_clients.py": "proxy",
     "test_proxy_upstream.py": "proxy",
     # cli

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from sqlalchemy import Engine, text
 
-from inferwatch.collector.store import db
+from inferwatch.collector.store import db, inserts, retention
 from inferwatch.collector.store.record import RequestRecord
 from inferwatch.collector.store.rows import Prepared
 from inferwatch.collector.store.writer import Writer
@@ -76,12 +76,12 @@ def populate(engine: Engine, n: int, recent: int) -> None:
     for first, count, start in ((0, n, old), (n, recent, new)):
         for i in range(first, first + count, 5000):
             batch = Prepared.of(records(i, min(5000, first + count - i), start), engine.dialect.name)
-            db.insert_rows(engine, batch.rows)
+            inserts.insert_rows(engine, batch.rows)
 
 
 def one_pass(engine: Engine, spool: Path, *, whole: bool, rate: float, first_id: int) -> dict[str, float]:
     """Run one retention pass under load; its figures."""
-    delete = (lambda e, cutoff, _limit: db.delete_older_than(e, cutoff)) if whole else db.delete_oldest
+    delete = (lambda e, cutoff, _limit: retention.delete_older_than(e, cutoff)) if whole else retention.delete_oldest
     # The whole pass runs without the deadline on one write that came later (5 s): on a slow machine it
     # takes longer, is interrupted, and starts over for ever, as the writer never ran it.
     writer = Writer(
@@ -111,7 +111,7 @@ def one_pass(engine: Engine, spool: Path, *, whole: bool, rate: float, first_id:
     feeder.start()
     finished = True
     try:
-        while writer.snapshot().retention_steps == 0 or writer._retention_cutoff is not None:
+        while writer.snapshot().retention_steps == 0 or writer.retention_running:
             if time.monotonic() - started > PASS_LIMIT_S:
                 finished = False
                 break

@@ -29,9 +29,7 @@ only identical results are a target (fixed costs of a few milliseconds dominate 
 from __future__ import annotations
 
 import argparse
-import io
 import os
-import random
 import shutil
 import sqlite3
 import statistics
@@ -50,12 +48,23 @@ from typing import Any
 
 from sqlalchemy import Engine, text
 
+from bench.stats_data import (
+    COLUMNS,
+    SERVER_FILL_FROM_ROWS,
+    SPAN,
+    analyse,
+    fill,
+    fill_server,
+    pg_text,
+    rows,
+    sqlite_value,
+)
 from inferwatch.collector.schemas import GroupBy, Stats
-from inferwatch.collector.stats import planner as store
-from inferwatch.collector.stats import rollup, sketch
+from inferwatch.collector.stats import planner, rollup, sketch, windowing
+from inferwatch.collector.stats.values import nearest_rank
 from inferwatch.collector.store import db
 from inferwatch.collector.store.tables import REQUEST_TABLE
-from inferwatch.core.schema import E2E, GENERATION_TOKENS, PROMPT_TOKENS, QUEUE, TPOT, TTFT
+from inferwatch.core.schema import E2E, QUEUE, TPOT, TTFT
 
 PG_URL = os.environ.get("INFERWATCH_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 WINDOWS = {"1h": timedelta(hours=1), "24h": timedelta(days=1), "7d": timedelta(days=7)}
@@ -65,179 +74,7 @@ RATIO_FROM_ROWS = 1_000_000
 """The ratio target holds from this size on (the issue's 1M and 5M); below (``--quick``), only identical results."""
 PG_ABSOLUTE_S = 1.0
 SKETCH_ABSOLUTE_S = 2.0
-ENGINES = ("vllm", "tgi", "trtllm", "triton")
-SPAN = timedelta(days=7)
 FIELDS = (TTFT, TPOT, E2E, QUEUE)
-COLUMNS = (
-    "trace_id", "span_id", "engine", "model", "instance", "service", "start_time", "end_time", TTFT, "ttft_derived",
-    TPOT, E2E, QUEUE, PROMPT_TOKENS, GENERATION_TOKENS, "finish_reason", "error", "attributes", "received_at",
-)  # fmt: skip
-
-
-# --- data ------------------------------------------------------------------------------------------------------------
-
-
-def series() -> list[tuple[str, str, str, float]]:
-    """(engine, model, instance, median TTFT) of the fleet: 4 engines x 2 models x 4 instances."""
-    out = []
-    for e, engine in enumerate(ENGINES):
-        for m in range(2):
-            model = f"{engine}-model-{m}"
-            for i in range(4):
-                out.append((engine, model, f"{engine}-{m}-{i}", 0.04 * (1 + e) * (1 + 2 * m)))
-    return out
-
-
-def rows(n: int, now: datetime, seed: int = 7) -> Iterator[tuple[Any, ...]]:
-    """``n`` request rows ending evenly over the 7 days before ``now`` (in id order, oldest first)."""
-    rng = random.Random(seed)
-    fleet = series()
-    step = SPAN.total_seconds() / n
-    t0 = now - SPAN
-    for i in range(n):
-        engine, model, instance, ttft_median = fleet[rng.randrange(len(fleet))]
-        end = t0 + timedelta(seconds=(i + rng.random()) * step)
-        ttft = ttft_median * rng.lognormvariate(0, 0.6)
-        gen = int(rng.lognormvariate(5, 0.8)) + 1
-        tpot = 0.008 * rng.lognormvariate(0, 0.3) * (2 if "model-1" in model else 1)
-        queue = None if engine == "triton" else (0.0 if rng.random() < 0.2 else 0.02 * rng.lognormvariate(0, 1.2))
-        e2e = ttft + tpot * (gen - 1) + (queue or 0.0)
-        r = rng.random()
-        finish, error = ("abort", None) if r < 0.01 else (("error", "boom") if r < 0.015 else ("stop", None))
-        yield (
-            f"{i + 1:032x}", f"{i + 1:016x}", engine, model, instance, "bench", end - timedelta(seconds=e2e), end,
-            ttft, engine == "tgi", tpot if gen > 1 else None, e2e, queue, int(rng.lognormvariate(6, 1)) + 1, gen,
-            finish, error, "{}", end,
-        )  # fmt: skip
-
-
-def _pg_text(v: Any) -> str:
-    if v is None:
-        return "\\N"
-    if isinstance(v, bool):
-        return "t" if v else "f"
-    if isinstance(v, datetime):
-        return v.isoformat()
-    if isinstance(v, float):
-        return repr(v)
-    return str(v)
-
-
-def _sqlite_value(v: Any) -> Any:
-    if isinstance(v, datetime):
-        return v.astimezone(UTC).replace(tzinfo=None).strftime("%Y-%m-%d %H:%M:%S.%f")
-    return v
-
-
-@contextmanager
-def without_indexes(engine: Engine) -> Iterator[None]:
-    """The request table's secondary indexes dropped while the block fills it, built again afterwards."""
-    indexes = list(REQUEST_TABLE.indexes)
-    with engine.begin() as conn:
-        for ix in indexes:
-            ix.drop(conn)
-    yield
-    with engine.begin() as conn:
-        if engine.dialect.name == "postgresql":
-            conn.execute(text("SET maintenance_work_mem = '1GB'"))
-        for ix in indexes:
-            ix.create(conn)
-
-
-def fill(engine: Engine, n: int, now: datetime) -> float:
-    """Insert ``n`` rows in bulk; seconds taken (indexes included)."""
-    started = time.perf_counter()
-    cols = ", ".join(COLUMNS)
-    with without_indexes(engine):
-        raw = engine.raw_connection()
-        try:
-            if engine.dialect.name == "postgresql":
-                cur = raw.cursor()
-                with cur.copy(f"COPY {REQUEST_TABLE.name} ({cols}) FROM STDIN") as copy:
-                    buf = io.StringIO()
-                    for k, row in enumerate(rows(n, now)):
-                        buf.write("\t".join(map(_pg_text, row)))
-                        buf.write("\n")
-                        if k % 50_000 == 49_999:
-                            copy.write(buf.getvalue())
-                            buf = io.StringIO()
-                    copy.write(buf.getvalue())
-            else:
-                marks = ", ".join("?" for _ in COLUMNS)
-                sql = f"INSERT INTO {REQUEST_TABLE.name} ({cols}) VALUES ({marks})"
-                batch: list[tuple[Any, ...]] = []
-                for row in rows(n, now):
-                    batch.append(tuple(map(_sqlite_value, row)))
-                    if len(batch) == 100_000:
-                        raw.cursor().executemany(sql, batch)
-                        batch = []
-                raw.cursor().executemany(sql, batch)
-            raw.commit()
-        finally:
-            raw.close()
-    return time.perf_counter() - started
-
-
-SERVER_FILL_FROM_ROWS = 10_000_000
-"""From this size on, PostgreSQL generates the rows itself (the 50M-row run): COPY from Python makes 18k rows/s."""
-
-
-def fill_server(engine: Engine, n: int, now: datetime, batch: int = 2_000_000) -> float:
-    """PostgreSQL: ``n`` rows like :func:`rows` (same fleet, distributions and span of time), generated by the
-    server with ``generate_series`` and ``random()`` (seeded), in batches; seconds taken (indexes included)."""
-    fleet = series()
-    values = ", ".join(f"({k}, '{e}', '{m}', '{i}', {t!r})" for k, (e, m, i, t) in enumerate(fleet))
-    step = SPAN.total_seconds() / n
-    t0 = (now - SPAN).isoformat()
-    # lognormal(mu, sigma) = exp(mu + sigma * z), z from Box-Muller on two uniforms
-    z = "sqrt(-2 * ln(1 - random())) * cos(2 * pi() * random())"
-    sql = f"""
-        INSERT INTO {REQUEST_TABLE.name} ({", ".join(COLUMNS)})
-        SELECT lpad(to_hex(i), 32, '0'), lpad(to_hex(i), 16, '0'), g.engine, g.model, g.instance, 'bench',
-               g.end_time - make_interval(secs => g.e2e), g.end_time, g.ttft, g.engine = 'tgi',
-               CASE WHEN g.gen > 1 THEN g.tpot END, g.e2e, g.queue, g.pt, g.gen,
-               CASE WHEN g.r < 0.01 THEN 'abort' WHEN g.r < 0.015 THEN 'error' ELSE 'stop' END,
-               CASE WHEN g.r >= 0.01 AND g.r < 0.015 THEN 'boom' END, '{{}}', g.end_time
-        FROM (
-            SELECT s.*, s.ttft + s.tpot * (s.gen - 1) + coalesce(s.queue, 0) AS e2e
-            FROM (
-                SELECT i, f.engine, f.model, f.instance, f.median * exp(0.6 * {z}) AS ttft,
-                       floor(exp(5 + 0.8 * {z}))::bigint + 1 AS gen,
-                       0.008 * exp(0.3 * {z}) * CASE WHEN right(f.model, 1) = '1' THEN 2 ELSE 1 END AS tpot,
-                       CASE WHEN f.engine = 'triton' THEN NULL WHEN random() < 0.2 THEN 0.0
-                            ELSE 0.02 * exp(1.2 * {z}) END AS queue,
-                       floor(exp(6 + {z}))::bigint + 1 AS pt, random() AS r,
-                       timestamptz '{t0}' + make_interval(secs => (i - 1 + random()) * {step!r}) AS end_time
-                FROM (SELECT i, floor(random() * {len(fleet)})::int AS k FROM generate_series(:lo, :hi) AS i) AS pick
-                JOIN (VALUES {values}) AS f (k, engine, model, instance, median) USING (k)
-            ) AS s
-        ) AS g
-        ORDER BY i
-    """
-    started = time.perf_counter()
-    with without_indexes(engine):
-        with engine.begin() as conn:
-            conn.execute(text("SELECT setseed(0.7)"))
-            for lo in range(1, n + 1, batch):
-                hi = min(n, lo + batch - 1)
-                conn.execute(text(sql), {"lo": lo, "hi": hi})
-                done = time.perf_counter() - started
-                print(f"  {hi:,} rows generated ({hi / done:,.0f} rows/s)", flush=True)
-        print("  building the indexes", flush=True)
-    return time.perf_counter() - started
-
-
-def analyse(engine: Engine) -> None:
-    """Statistics for the planner; PostgreSQL: and a checkpoint, so that the fill's writes are not flushed while
-    the cases are timed (a checkpoint of the 1M-row fill's 0.7 GB ran into the first cases: both sides slower,
-    the fast ones most)."""
-    if engine.dialect.name == "postgresql":
-        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-            conn.execute(text(f"VACUUM ANALYZE {REQUEST_TABLE.name}, request_rollups, request_values"))
-            conn.execute(text("CHECKPOINT"))
-    else:
-        with engine.begin() as conn:
-            conn.execute(text("ANALYZE"))
 
 
 # --- the baselines ---------------------------------------------------------------------------------------------------
@@ -268,7 +105,7 @@ def baseline_pg(engine: Engine, since: datetime, group_by: GroupBy) -> Result:
 
 def baseline_sqlite(engine: Engine, since: datetime, group_by: GroupBy) -> Result:
     t = REQUEST_TABLE.name
-    s = _sqlite_value(since)
+    s = sqlite_value(since)
     out: Result = {}
     with engine.connect() as conn:
         raw = conn.connection.dbapi_connection
@@ -291,12 +128,12 @@ def baseline_sqlite(engine: Engine, since: datetime, group_by: GroupBy) -> Resul
             for key, vs in values.items():
                 vs.sort()
                 n = len(vs)
-                out[key][f] = (n, *(vs[store.nearest_rank(n, q)] for q in store.PERCENTILES))
+                out[key][f] = (n, *(vs[nearest_rank(n, q)] for q in windowing.PERCENTILES))
     return out
 
 
 def ours(engine: Engine, now: datetime, window: timedelta, group_by: GroupBy) -> tuple[Result, Stats]:
-    stats = store.compute_stats(engine=engine, window=window, group_by=group_by, now=now)
+    stats = planner.compute_stats(engine=engine, window=window, group_by=group_by, now=now)
     out: Result = {}
     for g in stats.data:
         key = None if group_by == "none" else getattr(g, group_by)
@@ -599,7 +436,7 @@ def partitioning(engine: Engine, now: datetime, n_total: int, report: list[str],
         cur = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
         with cur.copy(f"COPY part_bench ({cols}) FROM STDIN") as copy:
             for r in raw_day:
-                copy.write("\t".join(map(_pg_text, r)) + "\n")
+                copy.write("\t".join(map(pg_text, r)) + "\n")
         for ix in REQUEST_TABLE.indexes:
             cols = ", ".join(c.name for c in ix.columns)
             conn.execute(text(f"CREATE INDEX ON part_bench ({cols})"))

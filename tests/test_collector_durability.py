@@ -45,11 +45,12 @@ from inferwatch.collector.api.app import create_app
 from inferwatch.collector.ingest.pipeline import CollectorMetrics, Ingestor
 from inferwatch.collector.ingest.sources import MappedBatch
 from inferwatch.collector.settings import CollectorSettings
-from inferwatch.collector.store import db
+from inferwatch.collector.store import db, inserts
 from inferwatch.collector.store.datadir import DataDirInUse
 from inferwatch.collector.store.record import RequestRecord
+from inferwatch.collector.store.rows import record_from_json
 from inferwatch.collector.store.tables import REQUEST_TABLE
-from inferwatch.collector.store.writer import Writer, record_from_json
+from inferwatch.collector.store.writer import Writer
 from inferwatch.core import vocabulary as V
 from tests.conftest import ROOT, free_port, postgres_schema, served_in_thread
 from tests.helpers import value
@@ -134,7 +135,7 @@ def test_an_export_is_answered_only_once_its_records_are_durable(store: Engine, 
 
     def slow_insert(engine: Engine, records: Sequence[RequestRecord]) -> tuple[int, int]:
         release.wait(10)
-        return db.insert_records(engine, records)
+        return inserts.insert_records(engine, records)
 
     spool = tmp_path / "spool.jsonl"
     writer = Writer(store, spool, insert=slow_insert)
@@ -169,7 +170,7 @@ def test_concurrent_exports_share_one_fsync(store: Engine, tmp_path: Path, monke
 
     def slow_insert(engine: Engine, records: Sequence[RequestRecord]) -> tuple[int, int]:
         time.sleep(0.05)
-        return db.insert_records(engine, records)
+        return inserts.insert_records(engine, records)
 
     writer = Writer(store, tmp_path / "spool.jsonl", insert=slow_insert)
     counter = iter(range(10_000))
@@ -263,7 +264,7 @@ def test_records_the_database_refuses_after_the_answer_are_counted(store: Engine
     def picky_insert(engine: Engine, records: Sequence[RequestRecord]) -> tuple[int, int]:
         if any(r.model == "refused" for r in records):
             raise IntegrityError("insert", {}, Exception("violates a check constraint"))
-        return db.insert_records(engine, records)
+        return inserts.insert_records(engine, records)
 
     writer = Writer(store, tmp_path / "spool.jsonl", insert=picky_insert)
     metrics = CollectorMetrics()

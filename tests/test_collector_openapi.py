@@ -17,7 +17,7 @@ from inferwatch.collector import schemas
 from inferwatch.collector.api.app import create_app
 from inferwatch.collector.ingest.otlp import JSON, PROTOBUF
 from inferwatch.collector.settings import CollectorSettings
-from inferwatch.collector.stats import planner as store
+from inferwatch.collector.stats import listing, windowing
 from inferwatch.collector.store.tables import REQUEST_TABLE
 from inferwatch.core.schema import E2E, QUEUE, TPOT, TTFT
 from tests.conftest import ROOT
@@ -242,10 +242,10 @@ def test_otlp_errors_are_documented_in_both_encodings(tmp_path: Path, document: 
 def test_schemas_follow_the_store() -> None:
     """The response models spell the store's names: row fields are the columns, stats fields the stat columns."""
     assert list(schemas.RequestRow.model_fields) == list(REQUEST_TABLE.c.keys())
-    assert set(get_args(store.SortField)) <= set(REQUEST_TABLE.c.keys())
-    assert store.STAT_FIELDS == (TTFT, TPOT, E2E, QUEUE)
-    assert set(store.STAT_FIELDS) <= set(schemas.StatsGroup.model_fields)
-    assert {f"p{round(q * 100)}" for q in store.PERCENTILES} | {"count", "exact", "relative_error"} == set(
+    assert set(get_args(listing.SortField)) <= set(REQUEST_TABLE.c.keys())
+    assert windowing.STAT_FIELDS == (TTFT, TPOT, E2E, QUEUE)
+    assert set(windowing.STAT_FIELDS) <= set(schemas.StatsGroup.model_fields)
+    assert {f"p{round(q * 100)}" for q in windowing.PERCENTILES} | {"count", "exact", "relative_error"} == set(
         schemas.FieldStats.model_fields
     )
     groups = set(get_args(schemas.GroupBy)) - {"none"}

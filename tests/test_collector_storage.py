@@ -22,10 +22,11 @@ from hypothesis import strategies as st
 from sqlalchemy import Engine, Index, MetaData, RowMapping, create_engine, func, inspect, select, text
 from sqlalchemy.pool import NullPool
 
-from inferwatch.collector.store import db
+from inferwatch.collector.store import db, inserts, retention
 from inferwatch.collector.store.record import CACHED_TOKENS, E2E, TTFT, RequestRecord
+from inferwatch.collector.store.rows import RECORD_FIELDS, record_from_json, record_to_json
 from inferwatch.collector.store.tables import METADATA, NAMING_CONVENTION, REQUEST_TABLE, TABLE_NAME
-from inferwatch.collector.store.writer import RECORD_FIELDS, Writer, record_from_json, record_to_json
+from inferwatch.collector.store.writer import Writer
 from tests.conftest import postgres_schema
 
 T0 = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
@@ -149,7 +150,7 @@ def test_record_fields_are_the_columns() -> None:
 
 
 def test_downgrade_to_base_and_upgrade_again(store: Engine) -> None:
-    assert db.insert_records(store, batch(3)) == (3, 0)
+    assert inserts.insert_records(store, batch(3)) == (3, 0)
     db.downgrade(store, "base")
     assert db.current_revision(store) is None
     assert REQUEST_TABLE.name not in inspect(store).get_table_names()
@@ -242,15 +243,15 @@ def test_alembic_config_needs_no_ini() -> None:
 
 def test_insert_is_idempotent(store: Engine) -> None:
     records = batch(3)
-    assert db.insert_records(store, records) == (3, 0)
-    assert db.insert_records(store, records) == (0, 3)
+    assert inserts.insert_records(store, records) == (3, 0)
+    assert inserts.insert_records(store, records) == (0, 3)
     assert count(store) == 3
     # the two samples of an n=2 request: one request id, two spans
     samples = [make_record(10, trace=7, request_id="r-n2"), make_record(11, trace=7, request_id="r-n2")]
-    assert db.insert_records(store, samples) == (2, 0)
+    assert inserts.insert_records(store, samples) == (2, 0)
     # duplicates inside one batch count as duplicates
-    assert db.insert_records(store, [*batch(2, trace=8), *batch(2, trace=8)]) == (2, 2)
-    assert db.insert_records(store, []) == (0, 0)
+    assert inserts.insert_records(store, [*batch(2, trace=8), *batch(2, trace=8)]) == (2, 2)
+    assert inserts.insert_records(store, []) == (0, 0)
     assert count(store) == 7
 
 
@@ -291,7 +292,7 @@ def test_values_round_trip(store: Engine) -> None:
         },
     )
     minimal = make_record(5, trace=2)
-    assert db.insert_records(store, [record, minimal]) == (2, 0)
+    assert inserts.insert_records(store, [record, minimal]) == (2, 0)
     with store.connect() as conn:
         rows = {r["span_id"]: r for r in conn.execute(select(REQUEST_TABLE)).mappings()}
     got = as_record(rows[record.span_id])
@@ -315,10 +316,10 @@ def test_json_serializer_round_trips() -> None:
 def test_delete_older_than(store: Engine) -> None:
     old = batch(4, trace=1, start=T0 - timedelta(days=3))
     new = batch(3, trace=2, start=T0)
-    db.insert_records(store, old + new)
-    assert db.delete_older_than(store, T0 - timedelta(days=1)) == 4
+    inserts.insert_records(store, old + new)
+    assert retention.delete_older_than(store, T0 - timedelta(days=1)) == 4
     assert stored_keys(store) == keys(new)
-    assert db.delete_older_than(store, T0 - timedelta(days=1)) == 0
+    assert retention.delete_older_than(store, T0 - timedelta(days=1)) == 0
 
 
 # --- writer ----------------------------------------------------------------------------------------------------------
@@ -371,7 +372,7 @@ def test_writer_spools_while_the_database_is_unreachable(store: Engine, unreacha
     target = {"engine": store}
 
     def insert(_engine: Engine, records: Sequence[RequestRecord]) -> tuple[int, int]:
-        return db.insert_records(target["engine"], records)
+        return inserts.insert_records(target["engine"], records)
 
     spool = tmp_path / "spool.jsonl"
     writer = Writer(store, spool, batch_size=16, flush_interval=0.01, retry_interval=0.1, insert=insert)
@@ -440,7 +441,7 @@ def test_a_partial_replay_is_safe(store: Engine, tmp_path: Path) -> None:
     """Records already stored before a crash are replayed as duplicates, not stored twice."""
     spool = tmp_path / "spool.jsonl"
     records = batch(30)
-    db.insert_records(store, records[:10])
+    inserts.insert_records(store, records[:10])
     spool.write_text("".join(record_to_json(r) + "\n" for r in records))
     writer = Writer(store, spool, batch_size=8)
     assert writer.stop()  # never started: replays and drains inline
@@ -485,13 +486,13 @@ def test_retention_deletes_old_rows(store: Engine, tmp_path: Path) -> None:
 
 
 def _stored_fast_and_core(store: Engine, records: list[RequestRecord]) -> tuple[list[Any], list[Any]]:
-    """Store ``records`` through the driver's fast path (:func:`db.insert_records`, asserted to insert them all)
+    """Store ``records`` through the driver's fast path (:func:`inserts.insert_records`, asserted to insert them all)
     and their twins (trace id 99) through SQLAlchemy Core's insert; each side's stored columns but the id, trace
     id and arrival, by span id."""
     from sqlalchemy import insert
 
     twins = [RequestRecord(**{**vars(r), "trace_id": f"{99:032x}"}) for r in records]
-    assert db.insert_records(store, records) == (len(records), 0)
+    assert inserts.insert_records(store, records) == (len(records), 0)
     with store.begin() as conn:
         conn.execute(insert(REQUEST_TABLE), [{**vars(r), "received_at": T0} for r in twins])
     columns = [c for c in REQUEST_TABLE.c if c.key not in ("id", "trace_id", "received_at")]
@@ -653,12 +654,12 @@ def test_retention_deletes_in_short_steps_between_inserts(store: Engine, tmp_pat
     now = datetime.now(UTC)
     for first in range(0, 30_000, 5000):
         old = batch(5000, trace=1, first=first, start=now - timedelta(days=3))
-        db.insert_rows(store, Prepared.of(old, store.dialect.name).rows)
+        inserts.insert_rows(store, Prepared.of(old, store.dialect.name).rows)
     writer = Writer(store, tmp_path / "spool.jsonl", retention=timedelta(days=1), retention_interval=3600)
     writer.start()
     try:
         offered = 0
-        while writer.snapshot().retention_steps == 0 or writer._retention_cutoff is not None:
+        while writer.snapshot().retention_steps == 0 or writer.retention_running:
             assert writer.submit(batch(20, trace=100 + offered // 20, start=now))
             offered += 20
             time.sleep(0.005)

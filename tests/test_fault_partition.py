@@ -34,7 +34,7 @@ from sqlalchemy import Engine, make_url, select
 
 from inferwatch.collector.api.app import create_app
 from inferwatch.collector.settings import CollectorSettings
-from inferwatch.collector.stats import planner as store
+from inferwatch.collector.stats import listing
 from inferwatch.collector.store import db
 from inferwatch.collector.store.tables import INCIDENTS_TABLE
 from inferwatch.core import vocabulary as V
@@ -59,7 +59,7 @@ LATE_S: Final = 10.0
 """Calls due this long before now are given up (a collector that far behind fails on the counts of calls made)."""
 HEALTHZ_P99_S: Final = 0.100
 OTLP_P99_S: Final = 0.250
-READ_DEADLINE_S: Final = store.READINESS_TIMEOUT_S + 1.5
+READ_DEADLINE_S: Final = listing.READINESS_TIMEOUT_S + 1.5
 """While the writer knows the database to be down, a read gets the readiness deadline (2 s); libpq takes up to a
 second more to give up a connection attempt (it counts whole seconds); the rest is for a busy machine."""
 READS: Final = ("/api/v1/requests", "/api/v1/stats", "/api/v1/incidents", "/readyz")

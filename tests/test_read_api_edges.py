@@ -18,9 +18,8 @@ from fastapi.testclient import TestClient
 
 from inferwatch.collector.api.app import create_app
 from inferwatch.collector.settings import CollectorSettings
-from inferwatch.collector.stats import planner as store
-from inferwatch.collector.stats import rollup
-from inferwatch.collector.store import db
+from inferwatch.collector.stats import listing, planner, rollup
+from inferwatch.collector.store import inserts
 from inferwatch.collector.store.record import RequestRecord
 from tests.conftest import postgres_schema
 
@@ -51,7 +50,7 @@ def record(i: int, *, start: datetime, seconds: float = 1.0, **values: Any) -> R
 
 
 def insert(c: TestClient, records: list[RequestRecord]) -> None:
-    inserted, _ = db.insert_records(c.app.state.collector.engine, records)  # type: ignore[attr-defined]
+    inserted, _ = inserts.insert_records(c.app.state.collector.engine, records)  # type: ignore[attr-defined]
     assert inserted == len(records)
 
 
@@ -105,7 +104,7 @@ def test_bad_cursors_are_400(client: TestClient, cursor: str) -> None:
 
 def test_the_largest_cursor_offset_is_an_empty_page(client: TestClient) -> None:
     insert(client, [record(0, start=datetime.now(UTC))])
-    r = client.get("/api/v1/requests", params={"cursor": store.encode_cursor(store.MAX_OFFSET)})
+    r = client.get("/api/v1/requests", params={"cursor": listing.encode_cursor(listing.MAX_OFFSET)})
     assert r.status_code == 200 and r.json()["data"] == [] and r.json()["count"] == 1
 
 
@@ -130,7 +129,7 @@ def test_extreme_but_valid_times(client: TestClient, value: str) -> None:
     "params",
     [
         {"window": "999999w"},
-        {"window": f"{store.MAX_WINDOW.days + 1}d"},
+        {"window": f"{planner.MAX_WINDOW.days + 1}d"},
         {"window": "0s", "slo_ttft": "1"},
         {"window": "0s"},
         {"window": "0.0000001s"},  # rounds to 0 microseconds
@@ -152,7 +151,7 @@ def test_non_finite_slos_and_thresholds_are_422(client: TestClient, slo: str) ->
 
 def test_the_longest_window_answers(client: TestClient) -> None:
     insert(client, [record(0, start=datetime.now(UTC) - timedelta(minutes=1))])
-    r = client.get("/api/v1/stats", params={"window": f"{store.MAX_WINDOW.days}d", "slo_ttft": 1})
+    r = client.get("/api/v1/stats", params={"window": f"{planner.MAX_WINDOW.days}d", "slo_ttft": 1})
     assert r.status_code == 200 and r.json()["data"][0]["requests"] == 1
 
 
@@ -193,7 +192,9 @@ def test_stats_windows_hold_the_requests_that_finished_in_them(client: TestClien
 
 @pytest.mark.parametrize("plan", ["values", "raw", "scan", "index", "walk", None])
 @pytest.mark.parametrize("rolled_up", [True, False])
-def test_compute_stats_by_end_time_on_every_plan(client: TestClient, plan: store.Plan | None, rolled_up: bool) -> None:
+def test_compute_stats_by_end_time_on_every_plan(
+    client: TestClient, plan: planner.Plan | None, rolled_up: bool
+) -> None:
     """The store function itself, with a fixed clock, on each plan, with the rows in the rollups or not yet:
     the requests that straddle the window's start count by their end time."""
     engine = client.app.state.collector.engine  # type: ignore[attr-defined]
@@ -204,7 +205,7 @@ def test_compute_stats_by_end_time_on_every_plan(client: TestClient, plan: store
     if rolled_up:
         rollup.catch_up(engine)
     now = t0 + timedelta(seconds=101)
-    stats = store.compute_stats(engine=engine, window=timedelta(seconds=60), now=now, plan=plan)
+    stats = planner.compute_stats(engine=engine, window=timedelta(seconds=60), now=now, plan=plan)
     # a small window: its value blocks (rolled up or not: then all its rows are above the watermark, read raw)
     assert stats.plan == ("values" if plan is None else plan)
     (entry,) = stats.data

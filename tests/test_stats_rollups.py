@@ -20,9 +20,8 @@ from sqlalchemy import Engine, func, select, update
 from inferwatch.collector.api.app import create_app
 from inferwatch.collector.schemas import Stats
 from inferwatch.collector.settings import CollectorSettings
-from inferwatch.collector.stats import planner as store
-from inferwatch.collector.stats import rollup, sketch, values
-from inferwatch.collector.store import db
+from inferwatch.collector.stats import planner, rollup, sketch, tails, values, windowing
+from inferwatch.collector.store import db, inserts
 from inferwatch.collector.store.record import RequestRecord
 from inferwatch.collector.store.tables import ROLLUP_STATE_TABLE, ROLLUP_TABLE, VALUES_TABLE
 from inferwatch.core.schema import E2E, QUEUE, TPOT, TTFT
@@ -88,7 +87,7 @@ def brute(rows: list[RequestRecord], since: datetime, until: datetime | None, gr
         }
         for f in FIELDS:
             vs = sorted(getattr(r, f) for r in rs if getattr(r, f) is not None)
-            entry[f] = (len(vs), *(vs[store.nearest_rank(len(vs), q)] if vs else None for q in store.PERCENTILES))
+            entry[f] = (len(vs), *(vs[values.nearest_rank(len(vs), q)] if vs else None for q in windowing.PERCENTILES))
         out[key] = entry
     return out
 
@@ -215,19 +214,19 @@ def test_gathered_nearest_ranks_are_the_brute_force_ones(seed: int, monkeypatch:
         for lst, v in zip(slot, vals, strict=True):
             if v is not None:
                 lst.append(v)
-    got = dict(zip(gather.keys, gather.ranked(store.PERCENTILES), strict=True))
+    got = dict(zip(gather.keys, gather.ranked(windowing.PERCENTILES), strict=True))
     assert got.keys() == want.keys()
     assert {k: t[2] for k, t in zip(gather.keys, gather.totals().tolist(), strict=True)} == tokens
     for key, per_field in want.items():
         for (n, ps), vs in zip(got[key], per_field, strict=True):
             vs.sort()
             assert n == len(vs)
-            assert ps == ([vs[values.nearest_rank(len(vs), q)] for q in store.PERCENTILES] if vs else None)
+            assert ps == ([vs[values.nearest_rank(len(vs), q)] for q in windowing.PERCENTILES] if vs else None)
 
 
 def test_the_rollups_fold_each_row_once_whatever_races(engine: Engine) -> None:
     rows = make_rows(3000)
-    db.insert_records(engine, rows[:2000])
+    inserts.insert_records(engine, rows[:2000])
     # two passes racing, small chunks: the compare-and-set (and on PostgreSQL the lock) folds each row once
     threads = [threading.Thread(target=rollup.catch_up, args=(engine,), kwargs={"chunk": 97}) for _ in range(2)]
     for th in threads:
@@ -235,7 +234,7 @@ def test_the_rollups_fold_each_row_once_whatever_races(engine: Engine) -> None:
     for th in threads:
         th.join()
     assert totals(engine) == (2000, 2000)
-    db.insert_records(engine, rows[2000:])  # later rows, many of them for minutes already rolled up
+    inserts.insert_records(engine, rows[2000:])  # later rows, many of them for minutes already rolled up
     assert rollup.catch_up(engine) == 1000
     assert rollup.catch_up(engine) == 0
     assert totals(engine) == (3000, 3000)
@@ -244,10 +243,10 @@ def test_the_rollups_fold_each_row_once_whatever_races(engine: Engine) -> None:
 
 
 def test_postgresql_folds_an_id_only_after_the_grace(engine: Engine) -> None:
-    db.insert_records(engine, make_rows(50))
+    inserts.insert_records(engine, make_rows(50))
     t0 = datetime.now(UTC)
     assert rollup.fold_pass(engine, grace=30, now=t0).folded == 0  # sees id 50
-    db.insert_records(engine, make_rows(10, start=50))
+    inserts.insert_records(engine, make_rows(10, start=50))
     assert rollup.fold_pass(engine, grace=30, now=t0 + timedelta(seconds=10)).folded == 0
     res = rollup.fold_pass(engine, grace=30, now=t0 + timedelta(seconds=31))
     assert (res.folded, res.watermark) == (50, 50)  # what it saw 31 s ago, not the 10 rows since
@@ -260,7 +259,7 @@ def test_rollup_job_runs_with_the_collector(tmp_path: Path) -> None:
     app.state.rollups.interval = 0.05
     with TestClient(app) as client:
         eng = client.app.state.collector.engine  # type: ignore[attr-defined]
-        db.insert_records(eng, make_rows(200))
+        inserts.insert_records(eng, make_rows(200))
         deadline = datetime.now(UTC) + timedelta(seconds=20)
         while totals(eng)[0] < 200 and datetime.now(UTC) < deadline:
             threading.Event().wait(0.05)
@@ -272,7 +271,7 @@ def test_value_blocks_merge_across_passes_and_read_back_per_group(engine: Engine
     """Rows folded 97 at a time land in minutes folded before (each block merged many times): the blocks hold
     every row once, and the gathered groups, filters and totals are the rows' own, on both back ends."""
     rows = make_rows(2500, seed=5)
-    db.insert_records(engine, rows)
+    inserts.insert_records(engine, rows)
     rollup.catch_up(engine, chunk=97)
     v = VALUES_TABLE
     with engine.connect() as conn:
@@ -306,10 +305,10 @@ def test_value_blocks_merge_across_passes_and_read_back_per_group(engine: Engine
         expected = brute(rows, NOW - timedelta(days=30), None, group_by, **filters)
         got = {}
         totals = gather.totals().tolist()
-        for key, tot, per_field in zip(gather.keys, totals, gather.ranked(store.PERCENTILES), strict=True):
+        for key, tot, per_field in zip(gather.keys, totals, gather.ranked(windowing.PERCENTILES), strict=True):
             entry: dict[str, Any] = {"requests": tot[0], "failed": tot[1]}
             for f, (n, ps) in zip(FIELDS, per_field, strict=True):
-                entry[f] = (n, *(ps if ps is not None else [None] * len(store.PERCENTILES)))
+                entry[f] = (n, *(ps if ps is not None else [None] * len(windowing.PERCENTILES)))
             got[key] = entry
         assert got == expected, (group_by, filters)
         want_tokens: dict[Any, int] = {}
@@ -318,7 +317,7 @@ def test_value_blocks_merge_across_passes_and_read_back_per_group(engine: Engine
                 key = None if gi is None else getattr(r, group_by)
                 want_tokens[key] = want_tokens.get(key, 0) + (r.prompt_tokens or 0)
         assert {k: tot[2] for k, tot in zip(gather.keys, totals, strict=True)} == want_tokens
-    got_stats = store.compute_stats(engine=engine, window=timedelta(days=4), group_by="model", now=NOW, plan="values")
+    got_stats = planner.compute_stats(engine=engine, window=timedelta(days=4), group_by="model", now=NOW, plan="values")
     assert got_stats.plan == "values" and answer(got_stats, "model") == brute(
         rows, NOW - timedelta(days=4), None, "model"
     )
@@ -330,7 +329,7 @@ def test_upgrading_to_value_blocks_folds_every_row_again(tmp_path: Path) -> None
     eng = db.make_engine(db.default_url(tmp_path))
     db.upgrade(eng, "0003")
     rows = make_rows(1200, seed=8)
-    db.insert_records(eng, rows)
+    inserts.insert_records(eng, rows)
     r, s = ROLLUP_TABLE, ROLLUP_STATE_TABLE
     with eng.begin() as conn:  # what 0003's job left: a watermark past every row, a rollup row
         conn.execute(s.insert().values(name=rollup.STATE_NAME, folded_id=1200, updated_at=NOW))
@@ -339,7 +338,7 @@ def test_upgrading_to_value_blocks_folds_every_row_again(tmp_path: Path) -> None
         assert rollup.watermark(conn) == 0 and conn.execute(select(func.count()).select_from(r)).scalar_one() == 0
     assert rollup.catch_up(eng) == 1200
     since = NOW - timedelta(minutes=90)
-    got = store.compute_stats(engine=eng, window=timedelta(minutes=90), group_by="instance", now=NOW)
+    got = planner.compute_stats(engine=eng, window=timedelta(minutes=90), group_by="instance", now=NOW)
     assert got.plan == "values" and answer(got, "instance") == brute(rows, since, None, "instance")
     eng.dispose()
 
@@ -350,7 +349,7 @@ def test_upgrading_to_day_rollups_folds_every_row_again(tmp_path: Path) -> None:
     eng = db.make_engine(db.default_url(tmp_path))
     db.upgrade(eng, "0005")
     rows = make_rows(1500, seed=10)
-    db.insert_records(eng, rows)
+    inserts.insert_records(eng, rows)
     with eng.begin() as conn:  # what 0005's job left: a watermark past every row (and rollups without days)
         conn.execute(ROLLUP_STATE_TABLE.insert().values(name=rollup.STATE_NAME, folded_id=1500, updated_at=NOW))
     db.upgrade(eng)
@@ -363,7 +362,7 @@ def test_upgrading_to_day_rollups_folds_every_row_again(tmp_path: Path) -> None:
         days = select(func.count()).select_from(ROLLUP_TABLE).where(ROLLUP_TABLE.c.period_seconds == 86400)
         assert conn.execute(days).scalar_one() > 0
     for plan in ("index", "scan"):
-        got = store.compute_stats(engine=eng, window=timedelta(days=7), group_by="model", now=NOW, plan=plan)
+        got = planner.compute_stats(engine=eng, window=timedelta(days=7), group_by="model", now=NOW, plan=plan)
         assert answer(got, "model") == brute(rows, NOW - timedelta(days=7), None, "model"), plan
     eng.dispose()
 
@@ -376,7 +375,7 @@ def test_postgresql_upgrading_to_value_blocks_folds_every_row_again() -> None:
         eng = db.make_engine(url)
         db.upgrade(eng, "0004")
         rows = make_rows(1200, seed=9)
-        db.insert_records(eng, rows)
+        inserts.insert_records(eng, rows)
         with eng.begin() as conn:  # what 0004's job left: a watermark past every row, no blocks
             conn.execute(ROLLUP_STATE_TABLE.insert().values(name=rollup.STATE_NAME, folded_id=1200, updated_at=NOW))
         db.upgrade(eng)
@@ -386,7 +385,7 @@ def test_postgresql_upgrading_to_value_blocks_folds_every_row_again() -> None:
         with eng.connect() as conn:
             assert conn.execute(select(func.count()).select_from(VALUES_TABLE)).scalar_one() > 0
         since = NOW - timedelta(minutes=90)
-        got = store.compute_stats(engine=eng, window=timedelta(minutes=90), group_by="model", now=NOW)
+        got = planner.compute_stats(engine=eng, window=timedelta(minutes=90), group_by="model", now=NOW)
         assert got.plan == "values" and answer(got, "model") == brute(rows, since, None, "model")
         eng.dispose()
 
@@ -397,9 +396,9 @@ def test_postgresql_upgrading_to_value_blocks_folds_every_row_again() -> None:
 @pytest.mark.parametrize("group_by", ["none", "engine", "model", "instance"])
 def test_every_plan_is_exact_on_every_window(engine: Engine, group_by: str) -> None:
     rows = make_rows(4000)
-    db.insert_records(engine, rows[:3500])
+    inserts.insert_records(engine, rows[:3500])
     rollup.catch_up(engine)
-    db.insert_records(engine, rows[3500:])  # not rolled up yet: read raw above the watermark
+    inserts.insert_records(engine, rows[3500:])  # not rolled up yet: read raw above the watermark
     windows = [
         (NOW - timedelta(hours=1), None),
         (NOW - timedelta(hours=25, seconds=17), None),
@@ -416,7 +415,7 @@ def test_every_plan_is_exact_on_every_window(engine: Engine, group_by: str) -> N
     for since, until in windows:
         expected = brute(rows, since, until, group_by)
         for plan in ("values", "raw", "scan", "index", "walk", None):
-            got = store.compute_stats(
+            got = planner.compute_stats(
                 engine=engine, window=timedelta(hours=1), since=since, until=until, group_by=group_by,  # type: ignore[arg-type]
                 now=NOW, plan=plan,
             )  # fmt: skip
@@ -429,15 +428,15 @@ def test_every_plan_is_exact_on_every_window(engine: Engine, group_by: str) -> N
 
 def test_filters_narrow_every_plan(engine: Engine) -> None:
     rows = make_rows(2000)
-    db.insert_records(engine, rows)
+    inserts.insert_records(engine, rows)
     rollup.catch_up(engine)
     since = NOW - timedelta(days=2)
     for filters in ({"engine": "eng1"}, {"model": "model0", "instance": "inst000"}, {"instance": "nope"}):
         expected = brute(rows, since, None, "instance", **filters)
         for plan in ("values", "raw", "scan", "index", "sketch", None):
-            got = store.compute_stats(
+            got = planner.compute_stats(
                 engine=engine, window=timedelta(days=2), group_by="instance", now=NOW,
-                filters=store.StatsFilter(**filters), plan=plan,  # type: ignore[arg-type]
+                filters=windowing.StatsFilter(**filters), plan=plan,  # type: ignore[arg-type]
             )  # fmt: skip
             assert {k: v["requests"] for k, v in answer(got, "instance").items()} == {
                 k: v["requests"] for k, v in expected.items()
@@ -462,25 +461,25 @@ def test_the_index_plan_shares_its_statements_with_a_second_connection_in_the_sa
     snapshot are seen by neither (the answer is the snapshot's); one that cannot join leaves all to the first."""
     engine = pg_engine
     rows = make_rows(2000)
-    db.insert_records(engine, rows)
+    inserts.insert_records(engine, rows)
     rollup.catch_up(engine)
     since = NOW - timedelta(days=2)
     expected = brute(rows, since, None, "model")
     joined: list[bool] = []
-    real = store._snapshot_connection
+    real = tails.snapshot_connection
 
     @contextlib.contextmanager
     def spying(eng: Engine, snapshot: str) -> Iterator[Any]:
         # a row that ends in the window, committed after the snapshot was exported: invisible to both sides
         late = make_rows(1, seed=99, start=10_000)[0]
         end = NOW - timedelta(hours=1)
-        db.insert_records(eng, [dataclasses.replace(late, start_time=end - timedelta(seconds=1), end_time=end)])
+        inserts.insert_records(eng, [dataclasses.replace(late, start_time=end - timedelta(seconds=1), end_time=end)])
         with real(eng, snapshot) as c:
             joined.append(c is not None)
             yield c
 
-    monkeypatch.setattr(store, "_snapshot_connection", spying)
-    got = store.compute_stats(engine=engine, window=timedelta(days=2), group_by="model", now=NOW, plan="index")
+    monkeypatch.setattr(tails, "snapshot_connection", spying)
+    got = planner.compute_stats(engine=engine, window=timedelta(days=2), group_by="model", now=NOW, plan="index")
     assert joined == [True] and answer(got, "model") == expected
     with real(engine, "00000003-0000001B-1") as c:  # not an exported snapshot: no second connection
         assert c is None
@@ -489,12 +488,12 @@ def test_the_index_plan_shares_its_statements_with_a_second_connection_in_the_sa
 def test_sketched_percentiles_are_within_the_bound_of_the_exact_ones(engine: Engine) -> None:
     """The same rows, answered exactly and sketched: counts equal, every percentile within the stated bound."""
     rows = make_rows(6000, seed=11)
-    db.insert_records(engine, rows)
+    inserts.insert_records(engine, rows)
     rollup.catch_up(engine)
     for group_by in ("none", "model", "instance"):
         for window in (timedelta(hours=6), timedelta(days=4)):
-            exact = store.compute_stats(engine=engine, window=window, group_by=group_by, now=NOW, mode="exact")
-            sketched = store.compute_stats(engine=engine, window=window, group_by=group_by, now=NOW, mode="sketch")
+            exact = planner.compute_stats(engine=engine, window=window, group_by=group_by, now=NOW, mode="exact")
+            sketched = planner.compute_stats(engine=engine, window=window, group_by=group_by, now=NOW, mode="sketch")
             assert sketched.plan == "sketch" and exact.plan in ("values", "raw", "scan", "index")
             for e, s in zip(exact.data, sketched.data, strict=True):
                 assert (e.requests, e.failed, e.prompt_tokens) == (s.requests, s.failed, s.prompt_tokens)
@@ -515,15 +514,15 @@ def test_rollups_that_disagree_with_the_table_are_noticed(engine: Engine, monkey
     """A row below the watermark that the rollups never saw (an insert that committed after the grace):
     the exact answer is still exact, by the index walks."""
     rows = make_rows(1500)
-    db.insert_records(engine, rows[:1000])
+    inserts.insert_records(engine, rows[:1000])
     s = ROLLUP_STATE_TABLE
     with engine.begin() as conn:  # the watermark moved past rows the rollups do not hold
         rollup.catch_up(engine)
         conn.execute(update(s).values(folded_id=5000))
-    db.insert_records(engine, rows[1000:])
+    inserts.insert_records(engine, rows[1000:])
     expected = brute(rows, NOW - timedelta(days=4), None, "none")
-    monkeypatch.setattr(store, "RAW_LIMIT", 0)
-    got = store.compute_stats(engine=engine, window=timedelta(days=4), now=NOW, plan=None)
+    monkeypatch.setattr(planner, "RAW_LIMIT", 0)
+    got = planner.compute_stats(engine=engine, window=timedelta(days=4), now=NOW, plan=None)
     assert got.plan == "walk"
     assert answer(got, "none") == expected
 
@@ -550,7 +549,7 @@ def test_stats_filters_over_http(tmp_path: Path) -> None:
             )
             for i in range(120)
         ]
-        db.insert_records(eng, rows)
+        inserts.insert_records(eng, rows)
         get = client.get
         assert get("/api/v1/stats", params={"window": "3h", "engine": "tgi"}).json()["data"][0]["requests"] == 60
         body = get("/api/v1/stats", params={"window": "3h", "model": "m1", "instance": "i1", "group_by": "engine"})

@@ -25,9 +25,8 @@ from inferwatch.collector.api.app import create_app
 from inferwatch.collector.diagnosis.diagnoser import OnCall
 from inferwatch.collector.diagnosis.report import Diagnosis, Finding
 from inferwatch.collector.settings import CollectorSettings
-from inferwatch.collector.stats import planner as store
-from inferwatch.collector.stats import rollup
-from inferwatch.collector.store import db
+from inferwatch.collector.stats import planner, rollup, windowing
+from inferwatch.collector.store import db, inserts
 from inferwatch.collector.store.record import RequestRecord
 from inferwatch.core import vocabulary as V
 from inferwatch.core.symptoms import Status, Symptom
@@ -69,24 +68,24 @@ def test_every_plan_counts_one_side(engine: Engine) -> None:
     exactly, from the rollups and value blocks as from the rows."""
     mine, proxied = both_sides(800)
     rows = [x for pair in zip(mine, proxied, strict=True) for x in pair]
-    db.insert_records(engine, rows[:1300])
+    inserts.insert_records(engine, rows[:1300])
     rollup.catch_up(engine)
-    db.insert_records(engine, rows[1300:])  # above the watermark: read raw
+    inserts.insert_records(engine, rows[1300:])  # above the watermark: read raw
     since = NOW - timedelta(days=2)
-    cases: list[tuple[store.StatsFilter, list[RequestRecord]]] = [
-        (store.StatsFilter(), mine),
-        (store.StatsFilter(side="proxy"), proxied),
-        (store.StatsFilter(side="all"), rows),
-        (store.StatsFilter(service=PROXY, side="all"), proxied),
-        (store.StatsFilter(service="svc-a", side="all"), [r for r in mine if r.service == "svc-a"]),
-        (store.StatsFilter(service="svc-a", side="proxy"), []),
-        (store.StatsFilter(engine="eng1", side="engine"), [r for r in mine if r.engine == "eng1"]),
+    cases: list[tuple[windowing.StatsFilter, list[RequestRecord]]] = [
+        (windowing.StatsFilter(), mine),
+        (windowing.StatsFilter(side="proxy"), proxied),
+        (windowing.StatsFilter(side="all"), rows),
+        (windowing.StatsFilter(service=PROXY, side="all"), proxied),
+        (windowing.StatsFilter(service="svc-a", side="all"), [r for r in mine if r.service == "svc-a"]),
+        (windowing.StatsFilter(service="svc-a", side="proxy"), []),
+        (windowing.StatsFilter(engine="eng1", side="engine"), [r for r in mine if r.engine == "eng1"]),
     ]
     for filters, expected_rows in cases:
         for group_by in ("none", "model"):
             expected = brute(expected_rows, since, None, group_by)
             for plan in ("values", "raw", "scan", "index", "walk", "sketch", None):
-                got = store.compute_stats(
+                got = planner.compute_stats(
                     engine=engine, window=timedelta(days=2), group_by=group_by, now=NOW,
                     filters=filters, plan=plan,
                 )  # fmt: skip
@@ -124,7 +123,7 @@ def test_the_default_counts_each_proxied_request_once_over_http(tmp_path: Path) 
         for i, r in enumerate(mine)
     ]
     with TestClient(create_app(settings)) as client:
-        db.insert_records(client.app.state.collector.engine, [*mine, *proxied])  # type: ignore[attr-defined]
+        inserts.insert_records(client.app.state.collector.engine, [*mine, *proxied])  # type: ignore[attr-defined]
         get = client.get
         body = get("/api/v1/stats", params={"window": "3h", "group_by": "engine"}).json()
         assert [(g["engine"], g["requests"]) for g in body["data"]] == [("vllm", 40)]
@@ -168,10 +167,10 @@ def _finding(engine: str, model: str) -> Finding:
 def test_the_diagnosis_shows_each_request_once(engine: Engine) -> None:
     """Its example requests are the engine's rows; the proxy's stand in only where the engine sent none."""
     mine, proxied = both_sides(300)
-    db.insert_records(engine, [*mine, *proxied])
+    inserts.insert_records(engine, [*mine, *proxied])
     traced = _finding("eng0", "model0")
     untraced = _finding("proxied-only", "m")
-    db.insert_records(
+    inserts.insert_records(
         engine,
         [dataclasses.replace(proxied[0], span_id="f" * 16, trace_id="f" * 32, engine="proxied-only", model="m")],
     )
@@ -189,8 +188,8 @@ def test_an_incidents_examples_show_each_request_once(engine: Engine) -> None:
     from inferwatch.collector.incidents.enrich import _examples
 
     mine, proxied = both_sides(300)
-    db.insert_records(engine, [*mine, *proxied])
-    db.insert_records(
+    inserts.insert_records(engine, [*mine, *proxied])
+    inserts.insert_records(
         engine,
         [dataclasses.replace(proxied[0], span_id="f" * 16, trace_id="f" * 32, engine="proxied-only", model="m")],
     )
@@ -215,7 +214,7 @@ def test_the_requests_dashboard_counts_the_engine_side() -> None:
     with postgres_schema("iw_sd") as url:
         eng = db.make_engine(url)
         db.ensure_schema(eng)
-        db.insert_records(eng, [*mine, *proxied])
+        inserts.insert_records(eng, [*mine, *proxied])
         sqls = [board.slowest_sql(), board.exact_p99_sql(), board.exact_p99_series_sql()]
         with eng.connect() as conn:
             results: list[list[Any]] = []
@@ -270,7 +269,7 @@ def test_upgrading_folds_every_row_again_by_service(tmp_path: Path) -> None:
     eng = db.make_engine(db.default_url(tmp_path))
     db.upgrade(eng, "0006")
     mine, proxied = both_sides(600, seed=9)
-    db.insert_records(eng, [*mine, *proxied])
+    inserts.insert_records(eng, [*mine, *proxied])
     with eng.begin() as conn:  # what 0006's job left: a watermark past every row, rollups and blocks without service
         conn.execute(
             text("INSERT INTO rollup_state (name, folded_id, updated_at) VALUES (:n, 1200, :t)"),
@@ -290,9 +289,9 @@ def test_upgrading_folds_every_row_again_by_service(tmp_path: Path) -> None:
     since = NOW - timedelta(days=3)
     for side, rows in (("engine", mine), ("proxy", proxied)):
         for plan in ("values", "index"):
-            got = store.compute_stats(
+            got = planner.compute_stats(
                 engine=eng, window=timedelta(days=3), group_by="model", now=NOW, plan=plan,
-                filters=store.StatsFilter(side=side),  # type: ignore[arg-type]
+                filters=windowing.StatsFilter(side=side),  # type: ignore[arg-type]
             )  # fmt: skip
             assert answer(got, "model") == brute(rows, since, None, "model"), (side, plan)
     eng.dispose()

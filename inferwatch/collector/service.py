@@ -109,7 +109,9 @@ def build(settings: CollectorSettings, engine: Engine | None = None) -> Collecto
     )
     metrics = CollectorMetrics()
     on = oncall(settings)
-    on._client()  # made now, not on the event loop at the first diagnosis: a new client reads the CA bundle (~20-50 ms)
+    # made now, not on the event loop at the first diagnosis: a new client reads the CA bundle, which blocks
+    # (docs/collector.md, 'measurements')
+    on._client()
     notify = load_notify_config(settings.notify_config) if settings.notify_config else NotifyConfig()
     links = LinkSettings(grafana_url=settings.grafana_url, public_url=settings.link_base(), secret=settings.link_key())
     return Collector(

@@ -2,7 +2,8 @@
 
 ``create_app(settings)`` builds everything from the settings it is given (database engine, writer,
 gRPC server): nothing is created at import time. The routes live in :mod:`inferwatch.collector.api.routes`,
-their dependencies in :mod:`inferwatch.collector.api.deps`, the queries in :mod:`inferwatch.collector.stats.planner`.
+their dependencies in :mod:`inferwatch.collector.api.deps`, the queries in :mod:`inferwatch.collector.stats.listing`
+and :mod:`inferwatch.collector.stats.planner`.
 """
 
 from __future__ import annotations

@@ -29,8 +29,7 @@ from inferwatch.collector.diagnosis.report import (
 )
 from inferwatch.collector.diagnosis.signals import Filters, Fleet, TargetKey, TargetSignals, UpstreamError
 from inferwatch.collector.diagnosis.tuning import evaluate as check_target
-from inferwatch.collector.stats import planner as store
-from inferwatch.collector.stats import sides
+from inferwatch.collector.stats import listing, sides
 from inferwatch.core import vocabulary as V
 from inferwatch.core.capacity import CapacityError, ModelShape, Plan, plan_capacity, supported_concurrency
 from inferwatch.core.engines.launch import LaunchConfig, parse_launch
@@ -130,14 +129,14 @@ class OnCall:
         engine sent none (a request both sent spans for is stored twice, and would be shown twice)."""
         for finding in result.findings:
             name, reason = EXAMPLE_SORT[finding.symptom]
-            column = cast("store.SortField", name)
+            column = cast("listing.SortField", name)
             found = []
             for side in sides.EXAMPLE_SIDES:
                 for model in (finding.model, None):  # spans may carry no model name (vLLM's do not)
-                    base = store.RequestFilter(
+                    base = listing.RequestFilter(
                         engine=finding.engine, model=model, finish_reason=reason, since=since, side=side
                     )
-                    found = store.slowest_requests(engine=engine, filters=base, sort=column, limit=limit)
+                    found = listing.slowest_requests(engine=engine, filters=base, sort=column, limit=limit)
                     if found:
                         break
                 if found:

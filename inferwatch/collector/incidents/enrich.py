@@ -31,8 +31,7 @@ from inferwatch.collector.incidents.messages import (
     Event,
     IncidentMessage,
 )
-from inferwatch.collector.stats import planner as store
-from inferwatch.collector.stats import sides
+from inferwatch.collector.stats import listing, sides
 from inferwatch.collector.store.tables import ALERTS_TABLE, INCIDENTS_TABLE
 from inferwatch.core import links
 from inferwatch.core import vocabulary as V
@@ -140,12 +139,12 @@ async def enrich(
 def _examples(engine: Engine, labels: Mapping[str, str], column: str, since: datetime) -> list[Any]:
     """The slowest requests of the alert's engine and model from one side: the engine's rows, or inferwatch
     proxy's where the engine sent none (a request both sent spans for is stored twice)."""
-    sort = cast("store.SortField", column)
+    sort = cast("listing.SortField", column)
     model = labels.get(V.LABEL_MODEL)
     for side in sides.EXAMPLE_SIDES:
         for by_model in (model, None) if model is not None else (None,):  # vLLM's spans carry no model name
-            base = store.RequestFilter(engine=labels.get(V.LABEL_ENGINE), model=by_model, since=since, side=side)
-            found = store.slowest_requests(engine=engine, filters=base, sort=sort, limit=EXAMPLES)
+            base = listing.RequestFilter(engine=labels.get(V.LABEL_ENGINE), model=by_model, since=since, side=side)
+            found = listing.slowest_requests(engine=engine, filters=base, sort=sort, limit=EXAMPLES)
             if found:
                 return found
     return []

@@ -119,8 +119,8 @@ class Histogram:
 
     def add_many(self, datas: Sequence[bytes]) -> None:
         """Many encoded sketches, as :meth:`add_encoded` each: their uint32 counts concatenated and added up by
-        one ``bincount`` (7 days of hourly sketches of 32 series: 24k sketches in 4x less time than one by
-        one). The weights are float64: exact while a bucket's sum stays below 2**53."""
+        one ``bincount`` (much cheaper than one by one: docs/collector.md, 'measurements'). The weights are
+        float64: exact while a bucket's sum stays below 2**53."""
         los: list[int] = []
         ns: list[int] = []
         parts: list[bytes] = []
@@ -157,7 +157,8 @@ class Histogram:
 
     def locate(self, ranks: list[int]) -> list[tuple[int, int]]:
         """(bucket, rank within it) of each 0-based rank (ascending) among the values counted."""
-        cumulative = list(accumulate(self.counts))  # C-level: a walk of the buckets in Python cost 10x this
+        # C-level: a walk of the buckets in Python costs more (docs/collector.md, 'measurements')
+        cumulative = list(accumulate(self.counts))
         out: list[tuple[int, int]] = []
         for want in ranks:
             i = bisect_right(cumulative, want)

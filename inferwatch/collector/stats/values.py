@@ -11,8 +11,9 @@ the same transactions, on both back ends (:mod:`inferwatch.collector.stats.rollu
 
 Pure: no database. The reading side (:class:`Gather`) uses numpy: a block's arrays are read in place
 (``frombuffer``), each group's values gathered by a stable sort of their group labels (a radix sort) and its
-nearest ranks picked by ``partition`` (linear): measured 2-4x faster than extending and sorting Python lists,
-which is what makes a small window cheaper from its blocks than from its rows on PostgreSQL too.
+nearest ranks picked by ``partition`` (linear): faster than extending and sorting Python lists, which is what
+makes a small window cheaper from its blocks than from its rows on PostgreSQL too (docs/collector.md,
+'measurements').
 """
 
 from __future__ import annotations
@@ -126,7 +127,7 @@ def keys_of(series: str) -> list[SeriesKey]:
 @functools.lru_cache(maxsize=4096)
 def parsed_keys(series: str) -> tuple[SeriesKey, ...]:
     """:func:`keys_of`, remembered: a fleet's blocks repeat a few series lists (one per set of series that
-    served in a minute), and a window reads each many times (parsing one took 4 us, mapping its keys 25)."""
+    served in a minute), and a window reads each many times (docs/collector.md, 'measurements')."""
     return tuple(keys_of(series))
 
 
@@ -148,10 +149,9 @@ SORT_SIZES: Final = (400, 800, 1600, 3200, 6400)
 @functools.cache
 def sort_up_to() -> int:
     """The largest slot :meth:`Gather.ranked` sorts; a larger one is partitioned at its ranks (linear). Measured
-    once per process, on runs of sorted values: which wins depends on the CPU. numpy's sort is vectorized where
-    the CPU has AVX-512 (seen: 700 values sorted in 1.9 us, partitioned at four ranks in 3.1; 3,000 in 8.7 and
-    8.5; 12,000 in 45 and 31); without, 800 values sorted took 9.2 us and partitioned 6.1, 5,400 120 and 20.
-    Either way the ranks are exact: this only chooses the faster."""
+    once per process, on runs of sorted values: which wins depends on the CPU (numpy's sort is vectorized where
+    the CPU has AVX-512; docs/collector.md, 'measurements'). Either way the ranks are exact: this only chooses
+    the faster."""
     rng = np.random.default_rng(0)
     best = SORT_SIZES[0]
     for n in SORT_SIZES:
@@ -177,8 +177,8 @@ def sort_up_to() -> int:
 
 
 SLICE_RUNS: Final = 256
-""":meth:`Gather.ranked` copies up to this many runs slice by slice, more by one ``take`` (22k values: 4 runs
-in 20 us, 2,000 runs in 100 us)."""
+""":meth:`Gather.ranked` copies up to this many runs slice by slice, more by one ``take`` (slices are cheaper for
+a few long runs, ``take`` for many short ones: docs/collector.md, 'measurements')."""
 GroupKey = Any
 """A group's key (None: no grouping, or an engine, model or instance name, None where the series has none)."""
 LEFT_OUT: Final = object()
@@ -292,7 +292,8 @@ class Gather:
         counts = np.concatenate([*self._counts, np.array(self._raw_totals, dtype=np.int64).reshape(-1, NT).T], axis=1)
         keep = labels >= 0
         labels, counts = labels[keep], counts[:, keep]
-        # one bincount per total (np.add.at took 5x longer); summed as float64, exact below 2**53
+        # one bincount per total (cheaper than np.add.at: docs/collector.md, 'measurements'); summed as float64,
+        # exact below 2**53
         return np.array(
             [np.bincount(labels, weights=counts[t], minlength=groups) for t in range(NT)], dtype=np.int64
         ).T.reshape(groups, NT)

@@ -4,9 +4,11 @@
   incidents, deliveries); migrations compare against them.
 - :mod:`~inferwatch.collector.store.record` and :mod:`~inferwatch.collector.store.rows`: a request as
   a record, a driver row and a spool line.
-- :mod:`~inferwatch.collector.store.db`: engines, migrations, timeouts, inserts (COPY on PostgreSQL)
-  and the oldest-first deletes of retention.
+- :mod:`~inferwatch.collector.store.db`: engines, timeouts and migrations.
+- :mod:`~inferwatch.collector.store.inserts`: the inserts (COPY on PostgreSQL);
+  :mod:`~inferwatch.collector.store.retention`: the oldest-first deletes of retention and their schedule.
 - :mod:`~inferwatch.collector.store.spool` and :mod:`~inferwatch.collector.store.writer`: the
-  write-ahead log and the thread that applies it to the database.
+  write-ahead log and the thread that applies it to the database (:mod:`~inferwatch.collector.store.tickets`:
+  what became of the records offered to it).
 - :mod:`~inferwatch.collector.store.datadir`: one collector per data directory.
 """

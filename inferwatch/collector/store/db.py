@@ -1,9 +1,9 @@
-"""The collector's database: engines, schema migrations (Alembic, configured from code) and the
-request store's write primitives.
+"""The collector's database: engines and schema migrations (Alembic, configured from code).
 
 Supported back ends: SQLite (the default, a file under the data directory) and PostgreSQL
 (``postgresql+psycopg://…``). Nothing here is created at import time: callers make an engine with
-:func:`make_engine` and pass it around.
+:func:`make_engine` and pass it around. The request store's inserts are
+:mod:`~inferwatch.collector.store.inserts`, its retention deletes :mod:`~inferwatch.collector.store.retention`.
 
 Timeouts (:class:`DbTimeouts`): every wait on the database is bounded, so an unreachable or silent
 database turns into an error within seconds instead of a hung thread. PostgreSQL: ``connect_timeout``,
@@ -24,11 +24,10 @@ import functools
 import logging
 import math
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Final, cast
+from typing import Any, Final
 
 from alembic import command
 from alembic.config import Config
@@ -40,21 +39,15 @@ from sqlalchemy import (
     Connection,
     Engine,
     create_engine,
-    delete,
     event,
     inspect,
     make_url,
-    select,
     text,
 )
 from sqlalchemy.exc import DBAPIError, DisconnectionError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from sqlalchemy.pool import StaticPool
 
-from inferwatch.collector.store.record import RequestRecord
-from inferwatch.collector.store.rows import COPY_COLUMNS, ROW_COLUMNS, DriverRow, Row, prepare, sqlite_time
-from inferwatch.collector.store.rows import refusal as refusal
-from inferwatch.collector.store.tables import REQUEST_TABLE
 from inferwatch.core import resources
 
 log = logging.getLogger("inferwatch.collector")
@@ -154,6 +147,12 @@ def describe(exc: BaseException) -> str:
     return f"{name}: {lines[0]}"[:300] if lines else name
 
 
+def ping(engine: Engine) -> None:
+    """One round trip to the database (raises when it cannot be reached)."""
+    with engine.connect() as conn:
+        conn.execute(text("SELECT 1"))
+
+
 # --- engines ---------------------------------------------------------------------------------------------------------
 
 
@@ -205,6 +204,20 @@ def _disarm_on_error(context: Any) -> None:
     if conn is not None:
         with contextlib.suppress(Exception):
             conn.info.pop(_STATEMENT_END, None)
+
+
+@contextlib.contextmanager
+def sqlite_statement_deadline(conn: Connection) -> Iterator[None]:
+    """SQLite: the statement deadline the engine's statements get (:func:`deadline` included), for a statement run
+    on the raw driver connection, which the engine's events do not see."""
+    info = conn.info
+    limit = info.get(_STATEMENT_LIMIT)
+    if limit is not None:
+        info[_STATEMENT_END] = time.monotonic() + _bound(limit)
+    try:
+        yield
+    finally:
+        info.pop(_STATEMENT_END, None)
 
 
 @functools.cache
@@ -358,14 +371,13 @@ def make_stats_engine(url: str | URL, timeouts: DbTimeouts | None = None) -> Eng
 
     Why a pool of their own: psycopg forgets every prepared statement of a connection at a rollback (it sends
     ``DEALLOCATE ALL``), and the API's other reads end in rollbacks. On a shared pool the statistics statements
-    were parsed and planned afresh at each request (0.6-0.8 ms of a 1-hour window's 2.9 ms, measured); on their
-    own connections, whose reads end in a commit, they stay prepared. Why generic plans: PostgreSQL plans a
-    prepared statement for its parameters at each of its first five runs, then keeps a generic plan only when
-    its estimate is no worse, and with the time ranges unknown a generic estimate always is: the small-window
-    statement was planned at every request (0.17 ms of a 0.78 ms run). The statements prepared here are written
-    for a generic plan (:func:`inferwatch.collector.stats.planner.compute_stats`); no other statement is
-    prepared (psycopg's own preparation after five runs is off), so none gets a generic plan it was not
-    written for."""
+    were parsed and planned afresh at each request; on their own connections, whose reads end in a commit, they
+    stay prepared. Why generic plans: PostgreSQL plans a prepared statement for its parameters at each of its
+    first five runs, then keeps a generic plan only when its estimate is no worse, and with the time ranges
+    unknown a generic estimate always is: the small-window statement was planned at every request. What both
+    cost: docs/collector.md, 'measurements'. The statements prepared here are written for a generic plan
+    (:func:`inferwatch.collector.stats.planner.compute_stats`); no other statement is prepared (psycopg's own
+    preparation after five runs is off), so none gets a generic plan it was not written for."""
     timeouts = timeouts or DbTimeouts()
     parsed = make_url(url)
     if parsed.get_backend_name() != "postgresql":
@@ -514,164 +526,3 @@ def ensure_schema(engine: Engine) -> None:
                     f"inferwatch does not know (head is {head!r}): was it written by a newer version?"
                 ) from exc
         _run_command(conn, "upgrade", "head")
-
-
-# --- writes ----------------------------------------------------------------------------------------------------------
-
-_CONFLICT_COLUMNS: Final = ("trace_id", "span_id")
-_COLUMNS_SQL: Final = ", ".join(ROW_COLUMNS)
-_TABLE: Final = REQUEST_TABLE.name
-_STAGING: Final = "inferwatch_ingest_staging"
-"""PostgreSQL: the session's temporary table a batch is COPY'd into (emptied at every commit)."""
-_STAGING_READY: Final = "inferwatch_staging_ready"
-"""Key in a PostgreSQL connection's ``info``: its staging table exists (the info is cleared on reconnect)."""
-_SQLITE_INSERT: Final = (
-    f"INSERT INTO {_TABLE} ({_COLUMNS_SQL}, received_at) VALUES ({', '.join('?' * (len(ROW_COLUMNS) + 1))}) "
-    f"ON CONFLICT ({', '.join(_CONFLICT_COLUMNS)}) DO NOTHING"
-)
-_PG_STAGING: Final = (
-    f"CREATE TEMPORARY TABLE IF NOT EXISTS {_STAGING} ON COMMIT DELETE ROWS AS "
-    f"SELECT {_COLUMNS_SQL} FROM {_TABLE} WITH NO DATA"
-)
-_PG_COPY: Final = f"COPY pg_temp.{_STAGING} ({', '.join(COPY_COLUMNS)}) FROM STDIN"
-_PG_INSERT: Final = (
-    f"INSERT INTO {_TABLE} ({_COLUMNS_SQL}, received_at) SELECT {_COLUMNS_SQL}, %s FROM pg_temp.{_STAGING} "
-    f"ON CONFLICT ({', '.join(_CONFLICT_COLUMNS)}) DO NOTHING"
-)
-
-
-def _driver_error(conn: Connection, statement: str, exc: Exception, cursor: Any) -> DBAPIError:
-    """A driver's exception as SQLAlchemy's (``OperationalError``…, as ``conn.execute`` would raise it), the
-    connection invalidated when the driver says it is gone."""
-    dialect = conn.dialect
-    dbapi_connection = conn.connection.dbapi_connection
-    gone = dialect.is_disconnect(exc, dbapi_connection, cursor)  # type: ignore[arg-type]  # a driver Error
-    if gone:
-        conn.invalidate(exc)
-    error = DBAPIError.instance(
-        statement,
-        None,
-        exc,
-        dialect.loaded_dbapi.Error,
-        hide_parameters=True,
-        connection_invalidated=gone,
-        dialect=dialect,
-    )
-    return cast(DBAPIError, error)
-
-
-def _sqlite_insert(conn: Connection, rows: Sequence[Row], received: datetime) -> int:
-    """``executemany`` of the rows (tuples, values as the driver binds them) on the raw sqlite3 connection,
-    under the statement deadline the engine's other statements get."""
-    at = sqlite_time(received)
-    params = [(*row, at) for row in rows]
-    cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
-    info = conn.info
-    limit = info.get(_STATEMENT_LIMIT)
-    if limit is not None:
-        info[_STATEMENT_END] = time.monotonic() + _bound(limit)
-    try:
-        cursor.executemany(_SQLITE_INSERT, params)
-        return int(cursor.rowcount)
-    except Exception as exc:
-        if isinstance(exc, conn.dialect.loaded_dbapi.Error):
-            raise _driver_error(conn, _SQLITE_INSERT, exc, cursor) from exc
-        raise
-    finally:
-        info.pop(_STATEMENT_END, None)
-        cursor.close()
-
-
-def _postgres_insert(conn: Connection, rows: Sequence[str], received: datetime) -> int:
-    """COPY the rows (lines of COPY's text format, :func:`inferwatch.collector.store.rows.prepare`) into the session's
-    staging table as one text, then ``INSERT … SELECT … ON CONFLICT DO NOTHING`` (psycopg 3's ``cursor.copy``,
-    which encodes the text in the connection's encoding; every round trip under its client-side deadline)."""
-    cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
-    statement = _PG_STAGING
-    try:
-        if not conn.info.get(_STAGING_READY):
-            cursor.execute(_PG_STAGING)
-            conn.info[_STAGING_READY] = True
-        statement = _PG_COPY
-        with cursor.copy(_PG_COPY) as copy:
-            copy.write("\n".join(rows) + "\n")
-        statement = _PG_INSERT
-        cursor.execute(_PG_INSERT, (received,))
-        return int(cursor.rowcount)
-    except Exception as exc:
-        conn.info.pop(_STAGING_READY, None)
-        if isinstance(exc, conn.dialect.loaded_dbapi.Error):
-            raise _driver_error(conn, statement, exc, cursor) from exc
-        raise
-    finally:
-        cursor.close()
-
-
-def insert_rows(engine: Engine, rows: Sequence[DriverRow]) -> tuple[int, int]:
-    """Store prepared rows (:func:`inferwatch.collector.store.rows.prepare` for this engine's dialect), skipping those
-    already stored (same trace and span id): (inserted, duplicates).
-
-    One transaction, through the driver's fast path: ``executemany`` of tuples on SQLite, ``COPY`` of the
-    rows' text lines into a temporary table and ``INSERT … SELECT … ON CONFLICT DO NOTHING`` on PostgreSQL.
-    Duplicates inside the batch count as duplicates too. Errors are SQLAlchemy's, as from ``conn.execute``.
-    """
-    if not rows:
-        return 0, 0
-    dialect = engine.dialect.name
-    received = datetime.now(UTC)
-    if isinstance(rows[0], str) != (dialect == "postgresql"):
-        raise TypeError(f"rows prepared for another database than {dialect} (inferwatch.collector.store.rows.prepare)")
-    if dialect == "sqlite":
-        with engine.begin() as conn:
-            inserted = _sqlite_insert(conn, cast("Sequence[Row]", rows), received)
-    elif dialect == "postgresql" and engine.dialect.driver == "psycopg":
-        info: dict[Any, Any] = {}
-        try:
-            with engine.begin() as conn:
-                info = conn.info
-                inserted = _postgres_insert(conn, cast("Sequence[str]", rows), received)
-        except BaseException:
-            info.pop(_STAGING_READY, None)  # a rolled-back transaction took the staging table with it
-            raise
-    else:
-        raise ValueError(f"the request store supports SQLite and PostgreSQL (psycopg), not {engine.dialect.name}")
-    if inserted < 0:
-        raise RuntimeError(f"the {dialect} driver did not report how many rows it inserted")
-    return inserted, len(rows) - inserted
-
-
-def insert_records(engine: Engine, records: Sequence[RequestRecord]) -> tuple[int, int]:
-    """Store records, skipping those already stored (same trace and span id): (inserted, duplicates).
-
-    :func:`insert_rows` of the records' rows (the stored values are exactly what ``conn.execute(insert,
-    rows)`` would store).
-    """
-    rows, _ = prepare(records, engine.dialect.name)
-    return insert_rows(engine, rows)
-
-
-# --- retention -------------------------------------------------------------------------------------------------------
-
-DELETE_CHUNK: Final = 10_000
-"""Rows one statement of :func:`delete_older_than` deletes at most."""
-
-
-def delete_oldest(engine: Engine, cutoff: datetime, limit: int) -> int:
-    """Delete at most ``limit`` of the oldest requests that started before ``cutoff`` (naive: UTC), in one
-    transaction (walking the start-time index from its old end); the number deleted."""
-    t = REQUEST_TABLE
-    oldest = select(t.c.id).where(t.c.start_time < cutoff).order_by(t.c.start_time).limit(limit)
-    with engine.begin() as conn:
-        deleted: int = conn.execute(delete(t).where(t.c.id.in_(oldest.scalar_subquery()))).rowcount
-    return deleted
-
-
-def delete_older_than(engine: Engine, cutoff: datetime, chunk: int = DELETE_CHUNK) -> int:
-    """Delete every request that started before ``cutoff`` (naive: UTC), ``chunk`` rows per transaction; the
-    number deleted. (The writer's retention deletes in small steps between its inserts instead.)"""
-    total = 0
-    while True:
-        deleted = delete_oldest(engine, cutoff, chunk)
-        total += deleted
-        if deleted < chunk:
-            return total

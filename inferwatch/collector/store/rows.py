@@ -9,16 +9,17 @@ by both. The row forms:
   UTC), the attributes as JSON text, booleans as the driver binds them (0/1);
 * PostgreSQL: the row's line of COPY's text format (:data:`COPY_COLUMNS`, tab-separated, ``\\N`` for
   NULL, no newline), made here so that the collector's process sends the batch's text as it is instead of
-  formatting every value through the driver (psycopg's ``write_row``: 6.5-7 us a row in the process that
-  also receives and commits). The numbers and times of a row are written by one ``orjson.dumps`` (shortest
-  round-trip floats, RFC 3339 times) and the text columns joined as they are; a value that COPY would read
-  differently (a backslash, tab, newline or carriage return in text, a non-finite float, a time not in UTC)
-  sends its row down the field-by-field path (:func:`copy_line`), which escapes it.
+  formatting every value through the driver (psycopg's ``write_row``, costly per row in the process that
+  also receives and commits: docs/collector.md, 'measurements'). The numbers and times of a row are written
+  by one ``orjson.dumps`` (shortest round-trip floats, RFC 3339 times) and the text columns joined as they
+  are; a value that COPY would read differently (a backslash, tab, newline or carriage return in text, a
+  non-finite float, a time not in UTC) sends its row down the field-by-field path (:func:`copy_line`), which
+  escapes it.
 
-JSON is written with orjson (three times faster than the standard library's C encoder on these records,
-the largest cost of preparing one), falling back to the standard library for what orjson refuses or would
-change: lone surrogates, integers beyond 64 bits, non-string keys, and NaN/Infinity (which orjson writes as
-``null``). Either way a line reads back into the same record.
+JSON is written with orjson (faster than the standard library's C encoder on these records, the largest
+cost of preparing one: docs/collector.md, 'measurements'), falling back to the standard library for what
+orjson refuses or would change: lone surrogates, integers beyond 64 bits, non-string keys, and NaN/Infinity
+(which orjson writes as ``null``). Either way a line reads back into the same record.
 
 Nothing here imports SQLAlchemy or a driver: the module runs in the ingest worker processes too
 (:mod:`inferwatch.collector.ingest.prepare`).
@@ -43,7 +44,7 @@ from inferwatch.collector.store.record import RequestRecord
 Row = tuple[Any, ...]
 """One record's values as a driver binds them, in :data:`ROW_COLUMNS` order (SQLite's row; :func:`values`)."""
 DriverRow = Row | str
-"""One record as :func:`inferwatch.collector.store.db.insert_rows` takes it: a :data:`Row` on SQLite, the line of
+"""One record as :func:`inferwatch.collector.store.inserts.insert_rows` takes it: a :data:`Row` on SQLite, the line of
 COPY's text format on PostgreSQL."""
 
 DATETIME_FIELDS: Final[tuple[str, ...]] = ("start_time", "end_time")
@@ -168,7 +169,7 @@ def _spool_line(
     raw = _orjson(record.attributes)
     if raw is not None and utc and finite:
         try:  # orjson writes the dataclass itself (its fields in order, times in ISO 8601): one C call for the
-            # usual record, three times faster than assembling the line
+            # usual record, faster than assembling the line (docs/collector.md, 'measurements')
             return orjson.dumps(record).decode(), raw.decode()
         except (TypeError, orjson.JSONEncodeError):
             pass

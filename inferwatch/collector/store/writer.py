@@ -8,7 +8,7 @@ covers them all), then the answer goes out. The writer thread takes what is queu
 same records, in the same order), inserts it in one transaction (up to ``batch_size *
 COALESCE_BATCHES`` records) and commits the spool up to there; once everything in the spool is in
 the database it is emptied. A crash (``kill -9``) leaves the spool behind: the next start replays
-it. :func:`inferwatch.collector.store.db.insert_records` is idempotent on (trace_id, span_id), so writing
+it. :func:`inferwatch.collector.store.inserts.insert_records` is idempotent on (trace_id, span_id), so writing
 a record twice (a replay of records already inserted, a client retrying) is harmless. Should the
 spool be unwritable, the batch is committed to the database before the answer instead.
 
@@ -22,12 +22,12 @@ While the database is down a spool beyond ``spool_max_bytes`` refuses new batche
 queue refuses them too (429): back-pressure. Records the database refuses for what they contain
 (a constraint, a value it cannot store) are isolated by bisecting the batch, counted by reason and
 appended to ``<spool>.rejected`` instead of being retried forever (the ingest path rejects what it
-knows the database would refuse before answering, see :func:`inferwatch.collector.store.db.refusal`).
+knows the database would refuse before answering, see :func:`inferwatch.collector.store.rows.refusal`).
+:class:`~inferwatch.collector.store.tickets.Ticket` says what became of an offered batch.
 
 Retention (``retention``: delete the requests that started longer ago than that, a pass every
-``retention_interval`` seconds) runs in the writer thread in small steps: each step is one delete transaction
-sized to take about :data:`RETENTION_STEP_S`, and the records queued meanwhile are inserted before the next
-one, so retention never stalls ingest for more than one short step (a pass in one go took seconds on SQLite).
+``retention_interval`` seconds) runs in the writer thread in small steps, the records queued meanwhile
+inserted between two (:class:`~inferwatch.collector.store.retention.RetentionSchedule`).
 
 :meth:`Writer.stop` applies what is queued; should the thread be stuck in a database call past the
 timeout, what it had not committed is in the spool already, for the next start.
@@ -45,134 +45,22 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Final
 
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine
 
-from inferwatch.collector.store.db import deadline, delete_oldest, describe, insert_rows
-from inferwatch.collector.store.db import is_unreachable as is_unreachable
+from inferwatch.collector.store.db import deadline, describe, is_unreachable, ping
+from inferwatch.collector.store.inserts import insert_rows
 from inferwatch.collector.store.record import RequestRecord
-from inferwatch.collector.store.rows import DATETIME_FIELDS as DATETIME_FIELDS
-from inferwatch.collector.store.rows import RECORD_FIELDS as RECORD_FIELDS
+from inferwatch.collector.store.retention import DeleteFn, RetentionSchedule, delete_oldest
 from inferwatch.collector.store.rows import Prepared
-from inferwatch.collector.store.rows import record_from_dict as record_from_dict
-from inferwatch.collector.store.rows import record_from_json as record_from_json
-from inferwatch.collector.store.rows import record_to_dict as record_to_dict
-from inferwatch.collector.store.rows import record_to_json as record_to_json
 from inferwatch.collector.store.spool import SEGMENT_BYTES, Mark, Spool, append_lines
+from inferwatch.collector.store.tickets import Chunk, Ticket, WriterStats
 
 log = logging.getLogger("inferwatch.collector")
 
 InsertFn = Callable[[Engine, Sequence[RequestRecord]], tuple[int, int]]
-DeleteFn = Callable[[Engine, datetime, int], int]
-"""Deletes at most ``limit`` rows older than the cutoff, in one transaction; how many it deleted."""
 
 MAX_WAIT_S: Final = 1.0
 """upper bound of one idle wait of the writer thread (timers are re-checked at least this often)."""
-RETENTION_STEP_S: Final = 0.03
-"""What one retention step (one delete transaction between two of the writer's inserts) aims to take: the
-writer's longest stall for retention stays well under 100 ms."""
-RETENTION_ROWS: Final = (16, 128, 20_000)
-"""Rows one retention step deletes: at least, at first, at most (adjusted to :data:`RETENTION_STEP_S`)."""
-
-
-# --- writer ----------------------------------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass
-class WriterStats:
-    """Counters of a :class:`Writer` (records unless stated otherwise)."""
-
-    stored: int = 0
-    """rows inserted (live and replayed)."""
-    duplicates: int = 0
-    """records skipped because their (trace_id, span_id) was already stored."""
-    spooled: int = 0
-    """records left in the spool for a later replay (the database unreachable when their turn came)."""
-    replayed: int = 0
-    """records read back from the spool and written to the database."""
-    refused: int = 0
-    """records refused by offer (queue full, spool full, or writer stopped)."""
-    rejected: int = 0
-    """records the database refused for their content (kept in the ``.rejected`` file)."""
-    rejected_reasons: dict[str, int] = dataclasses.field(default_factory=dict)
-    """``rejected`` by reason: ``database refused: <error>``, or ``database refused after acknowledgement: <error>``
-    for records the clients were already told are accepted (written ahead to the spool, then refused)."""
-    not_durable: int = 0
-    """accepted records that could be neither spooled nor stored: their tickets fail, the client is told to retry."""
-    lost: int = 0
-    """records that reached neither the database nor the spool at shutdown (the spool could not be written)."""
-    batches: int = 0
-    """successful insert calls (each one transaction)."""
-    last_batch_seconds: float = 0.0
-    write_errors: int = 0
-    """failed insert calls (unreachable database or refused content)."""
-    retention_deleted: int = 0
-    """rows deleted by the retention pass."""
-    retention_steps: int = 0
-    """delete transactions of the retention (each one between two of the writer's inserts)."""
-    retention_longest_step: float = 0.0
-    """seconds of the longest retention step: the longest the writer stalled for retention."""
-
-
-class Ticket:
-    """What became of one offered batch.
-
-    ``refused``: why it was not accepted at all (``queue_full``, ``spool_full``, ``stopping``), else None.
-    Otherwise :meth:`wait` until each record is ``durable`` (in the spool, fsync'd, or committed),
-    ``rejected`` by the database (counted by reason) or ``failed`` (neither spooled nor stored; ``error``
-    says why: the client must send it again).
-    """
-
-    def __init__(self, size: int, refused: str | None = None) -> None:
-        self.size = size
-        self.refused = refused
-        self.durable = 0
-        self.failed = 0
-        self.rejected: Counter[str] = Counter()
-        self.error: str | None = None
-        self._pending = 0 if refused else size
-        self._lock = threading.Lock()
-        self._done = threading.Event()
-        if self._pending == 0:
-            self._done.set()
-
-    @property
-    def done(self) -> bool:
-        return self._done.is_set()
-
-    def wait(self, timeout: float | None = None) -> bool:
-        """True once every record is settled; False when ``timeout`` passed first (they stay queued)."""
-        return self._done.wait(timeout)
-
-    def settle(
-        self, *, durable: int = 0, rejected: Mapping[str, int] | None = None, failed: int = 0, error: str | None = None
-    ) -> None:
-        with self._lock:
-            self.durable += durable
-            self.failed += failed
-            if rejected:
-                self.rejected.update(rejected)
-            if error and self.error is None:
-                self.error = error
-            self._pending -= durable + failed + (sum(rejected.values()) if rejected else 0)
-            if self._pending <= 0:
-                self._done.set()
-
-
-@dataclasses.dataclass(eq=False)
-class _Chunk:
-    """One offered batch in the queue: ``mark`` is where it ends in the spool (None: it could not be spooled,
-    and its ticket waits for the database)."""
-
-    batch: Prepared
-    ticket: Ticket
-    mark: Mark | None
-    settled: bool = False
-
-
-def ping(engine: Engine) -> None:
-    """One round trip to the database (raises when it cannot be reached)."""
-    with engine.connect() as conn:
-        conn.execute(text("SELECT 1"))
 
 
 def _utcnow() -> datetime:
@@ -188,11 +76,11 @@ class Writer:
     """The write-ahead log (the spool) and the thread that applies it to the store (see the module doc).
 
     ``insert``, ``delete_older``, ``probe`` and ``now`` are seams for tests (defaults: the prepared rows
-    inserted with :func:`inferwatch.collector.store.db.insert_rows`,
-    :func:`inferwatch.collector.store.db.delete_oldest`,
-    :func:`ping` and the UTC wall clock; an ``insert`` given gets the records back); ``clock`` is the
-    monotonic clock of the batching, retry, probe and retention timers. ``flush_interval`` is how long a
-    record may wait for more to join its transaction (0: no lingering: whatever is queued goes together).
+    inserted with :func:`inferwatch.collector.store.inserts.insert_rows`,
+    :func:`inferwatch.collector.store.retention.delete_oldest`, :func:`inferwatch.collector.store.db.ping`
+    and the UTC wall clock; an ``insert`` given gets the records back); ``clock`` is the monotonic clock of
+    the batching, retry, probe and retention timers. ``flush_interval`` is how long a record may wait for more
+    to join its transaction (0: no lingering: whatever is queued goes together).
     """
 
     def __init__(
@@ -243,24 +131,24 @@ class Writer:
         """What the last failed write or probe said (None once the database is back)."""
         self._clock = clock
         self._insert = insert
-        self._delete_older = delete_older
         self._probe = probe
-        self._now = now
-        self._queue: deque[_Chunk] = deque()
+        self._retention = (
+            None
+            if retention is None
+            else RetentionSchedule(retention, retention_interval, delete=delete_older, clock=clock, now=now)
+        )
+        self._queue: deque[Chunk] = deque()
         self._queued = 0
         self._cond = threading.Condition()
         self._stats_lock = threading.Lock()
         self._oldest: float | None = None  # clock() when the oldest queued record arrived
-        self._inflight: list[_Chunk] = []
+        self._inflight: list[Chunk] = []
         self._flush_requested = False
         self._stopping = False
         self._retried_at_stop = False
         self._thread: threading.Thread | None = None
         self._backoff = retry_interval
         self._next_retry = 0.0
-        self._next_retention = 0.0
-        self._retention_cutoff: datetime | None = None  # the pass in progress deletes what is older
-        self._retention_rows = RETENTION_ROWS[1]
         self._next_probe = 0.0
         self._replaying = False
 
@@ -287,7 +175,7 @@ class Writer:
                 self.stats.refused += n
             return Ticket(n, refused=reason)
         ticket = Ticket(n)
-        chunk = _Chunk(batch, ticket, None)
+        chunk = Chunk(batch, ticket, None)
         try:
             _, seq = self.spool.write(batch.lines, then=lambda mark: self._enqueue(chunk, mark))
         except (OSError, ValueError) as exc:
@@ -321,7 +209,7 @@ class Writer:
             return "spool_full"
         return None
 
-    def _enqueue(self, chunk: _Chunk, mark: Mark | None) -> None:
+    def _enqueue(self, chunk: Chunk, mark: Mark | None) -> None:
         """Queue a batch for the database (called under the spool's lock for a spooled one). While the database
         is down, or the spool being replayed, a spooled batch is not queued: the replay will read it."""
         chunk.mark = mark
@@ -358,7 +246,8 @@ class Writer:
         if self._thread is not None:
             raise RuntimeError("writer already started")
         now = self._clock()
-        self._next_retention = now
+        if self._retention is not None:
+            self._retention.next_pass = now
         self._next_probe = now + self.probe_interval
         self._thread = threading.Thread(target=self._run, name="inferwatch-writer", daemon=True)
         self._thread.start()
@@ -435,13 +324,8 @@ class Writer:
                     self._recover()
                 elif self.db_ok and not stopping and not chunks and self.probe_interval and now >= self._next_probe:
                     self._check()
-                if (
-                    not stopping
-                    and self.retention is not None
-                    and self.db_ok
-                    and (self._retention_cutoff is not None or now >= self._next_retention)
-                ):
-                    self._retain(self.retention)
+                if not stopping and self._retention is not None and self.db_ok and self._retention.due(now):
+                    self._retain(self._retention)
                 if stopping and not chunks:
                     with self._cond:
                         if not self._queue:
@@ -458,14 +342,14 @@ class Writer:
         if not self.db_ok:
             deadlines.append(self._next_retry)
         else:
-            if self.retention is not None:
+            if self._retention is not None:
                 # a pass in progress goes on at once (after whatever is queued: _take serves that first)
-                deadlines.append(now if self._retention_cutoff is not None else self._next_retention)
+                deadlines.append(self._retention.wake_at(now))
             if self.probe_interval:
                 deadlines.append(self._next_probe)
         return min([MAX_WAIT_S, *(d - now for d in deadlines)])
 
-    def _take(self) -> list[_Chunk]:
+    def _take(self) -> list[Chunk]:
         """The next transaction's batches (everything queued, up to ``batch_size * COALESCE_BATCHES`` records,
         at least one batch), or [] when a timer is due or the writer is stopping with nothing queued."""
         with self._cond:
@@ -475,7 +359,7 @@ class Writer:
                 lingering = self._oldest is not None and now - self._oldest < self.flush_interval
                 if queued and (queued >= self.batch_size or not lingering or self._stopping or self._flush_requested):
                     limit = self.batch_size * COALESCE_BATCHES
-                    chunks: list[_Chunk] = []
+                    chunks: list[Chunk] = []
                     taken = 0
                     while self._queue and (not chunks or taken + len(self._queue[0].batch) <= limit):
                         chunk = self._queue.popleft()
@@ -494,7 +378,7 @@ class Writer:
                     return []
                 self._cond.wait(timeout)
 
-    def _apply(self, chunks: list[_Chunk]) -> None:
+    def _apply(self, chunks: list[Chunk]) -> None:
         """Insert the batches (one transaction), then commit their spool marks; the database unreachable, they
         stay in the spool for the replay (those without a spool copy are spooled now, or fail)."""
         batch = Prepared.join([c.batch for c in chunks])
@@ -531,10 +415,10 @@ class Writer:
 
     def _settle(
         self,
-        chunks: list[_Chunk],
+        chunks: list[Chunk],
         rejections: Mapping[int, str],
         *,
-        only: list[_Chunk] | None = None,
+        only: list[Chunk] | None = None,
         failed: bool = False,
         error: str | None = None,
     ) -> None:
@@ -542,7 +426,7 @@ class Writer:
         each record: rejected (``rejections``: reason by the record's position in ``chunks``' records) or else
         durable (``failed``: not durable)."""
         wanted = {id(c) for c in (chunks if only is None else only)}
-        todo: list[tuple[_Chunk, int]] = []
+        todo: list[tuple[Chunk, int]] = []
         offset = 0
         with self._cond:
             for chunk in chunks:
@@ -691,33 +575,23 @@ class Writer:
             self.db_ok = True
             self._cond.notify_all()
 
-    def _retain(self, retention: timedelta) -> None:
-        """One step of the retention pass: delete a few of the oldest rows, sized to take about
-        :data:`RETENTION_STEP_S`, so that records waiting to be inserted wait at most one short step; the pass
-        goes on at the writer's next turn (queued records first) until nothing older than the cutoff is left."""
-        if self._retention_cutoff is None:
-            self._retention_cutoff = self._now() - retention
-        limit = self._retention_rows
-        started = self._clock()
+    @property
+    def retention_running(self) -> bool:
+        """Whether a retention pass is under way (its next step runs at the writer's next turn)."""
+        return self._retention is not None and self._retention.cutoff is not None
+
+    def _retain(self, schedule: RetentionSchedule) -> None:
+        """One step of the retention pass, so that records waiting to be inserted wait at most one short step;
+        the pass goes on at the writer's next turn (queued records first) until nothing older than the cutoff
+        is left."""
         try:
-            with deadline(self.write_timeout):
-                deleted = self._delete_older(self.engine, self._retention_cutoff, limit)
+            deleted, took = schedule.step(self.engine, self.write_timeout)
         except Exception as exc:
-            self._retention_cutoff = None
-            self._next_retention = self._clock() + self.retention_interval
             if not is_unreachable(exc):
                 log.exception("retention pass failed")
                 return
             self._went_down(exc)
             return
-        took = self._clock() - started
-        smallest, _, largest = RETENTION_ROWS
-        if took > RETENTION_STEP_S or deleted >= limit:  # the next step's size, in proportion (at most doubled)
-            scaled = int(limit * min(1.5, RETENTION_STEP_S / max(took, 1e-6)))
-            self._retention_rows = max(smallest, min(largest, scaled))
-        if deleted < limit:  # the pass is done
-            self._retention_cutoff = None
-            self._next_retention = self._clock() + self.retention_interval
         with self._stats_lock:
             self.stats.retention_deleted += deleted
             self.stats.retention_steps += 1

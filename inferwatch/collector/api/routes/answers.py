@@ -17,7 +17,7 @@ from inferwatch.collector.diagnosis.diagnoser import NotConfigured
 from inferwatch.collector.diagnosis.report import Capacity, Checklist, Diagnosis
 from inferwatch.collector.diagnosis.signals import Filters, UpstreamError
 from inferwatch.collector.schemas import ErrorBody
-from inferwatch.collector.stats import planner as store
+from inferwatch.collector.stats import listing
 from inferwatch.core.capacity import GIB, CapacityError, ModelShape, Plan
 from inferwatch.core.engines.launch import LaunchError
 
@@ -73,7 +73,7 @@ async def diagnose(
         return await collector.oncall.diagnose(
             window, Filters(llm_engine, model, instance), requests=engine, examples=examples
         )
-    except store.DatabaseUnavailable as exc:  # the example requests come from the store
+    except listing.DatabaseUnavailable as exc:  # the example requests come from the store
         raise unavailable(exc) from None
     except ValueError as exc:
         _invalid("window", str(exc))

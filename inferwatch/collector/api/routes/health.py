@@ -10,7 +10,7 @@ from prometheus_client import generate_latest
 
 from inferwatch.collector.api.deps import CollectorDep
 from inferwatch.collector.schemas import Health, Readiness
-from inferwatch.collector.stats import planner as store
+from inferwatch.collector.stats import listing
 
 router = APIRouter(tags=["health"])
 
@@ -35,7 +35,7 @@ async def healthz() -> Health:
 @router.get("/readyz", responses={503: {"model": Readiness, "description": "Database not ready"}})
 async def readyz(collector: CollectorDep, response: Response) -> Readiness:
     """The database answers and its schema is at the migrations' head."""
-    problem = await asyncio.to_thread(store.database_problem, engine=collector.engine)
+    problem = await asyncio.to_thread(listing.database_problem, engine=collector.engine)
     if problem is not None:
         response.status_code = 503
     return Readiness(database=problem or "ok", queue_depth=collector.writer.queue_depth)

@@ -18,8 +18,7 @@ from inferwatch.collector.api.deps import READ_RESPONSES, CollectorDep, EngineDe
 from inferwatch.collector.api.routes.traces import RETRY_AFTER_SECONDS
 from inferwatch.collector.schemas import ErrorBody, RequestDetail, RequestDetails, RequestPage, Side
 from inferwatch.collector.service import Collector
-from inferwatch.collector.stats import planner as store
-from inferwatch.collector.stats import sides
+from inferwatch.collector.stats import listing, sides
 from inferwatch.collector.store import db
 
 T = TypeVar("T")
@@ -47,16 +46,16 @@ async def query(fn: Callable[..., T], *, collector: Collector, **kwargs: Any) ->
     def run() -> T:
         if collector.writer.db_ok:
             return fn(**kwargs)
-        with db.deadline(store.READINESS_TIMEOUT_S):
+        with db.deadline(listing.READINESS_TIMEOUT_S):
             return fn(**kwargs)
 
     try:
         return await asyncio.to_thread(run)
-    except store.DatabaseUnavailable as exc:
+    except listing.DatabaseUnavailable as exc:
         raise unavailable(exc) from None
 
 
-def unavailable(exc: store.DatabaseUnavailable) -> HTTPException:
+def unavailable(exc: listing.DatabaseUnavailable) -> HTTPException:
     """The 503 of a database that cannot be reached or did not answer in time: the problem, and ``Retry-After``
     (the seconds OTLP's backpressure answers give too)."""
     return HTTPException(status_code=503, detail=str(exc), headers={"Retry-After": RETRY_AFTER_SECONDS})
@@ -68,7 +67,7 @@ def parse_time(value: str | None, name: str) -> datetime | None:
     if value is None:
         return None
     try:
-        if len(value) > MAX_TIME_CHARS or store.NUL in value:
+        if len(value) > MAX_TIME_CHARS or listing.NUL in value:
             raise ValueError(value)
         t = datetime.fromisoformat(value.replace("Z", "+00:00"))
         return t.astimezone(UTC) if t.tzinfo else t.replace(tzinfo=UTC)
@@ -102,8 +101,8 @@ async def list_requests(
     until: Annotated[str | None, Query(description="ISO 8601 end of the time range")] = None,
     min_ttft: Annotated[float | None, Query(ge=0, allow_inf_nan=False, description="seconds")] = None,
     min_e2e: Annotated[float | None, Query(ge=0, allow_inf_nan=False, description="seconds")] = None,
-    sort: store.SortField = "start_time",
-    order: store.Order = "desc",
+    sort: listing.SortField = "start_time",
+    order: listing.Order = "desc",
     limit: Annotated[int, Query(ge=1, le=1000)] = 50,
     cursor: str | None = None,
 ) -> RequestPage:
@@ -111,7 +110,7 @@ async def list_requests(
     the engines' rows only (a request proxied by inferwatch proxy to an engine that sends spans too is stored
     twice): ``side`` and ``service`` pick others, and the answer says which were listed."""
     try:
-        filters = store.RequestFilter(
+        filters = listing.RequestFilter(
             engine=llm_engine,
             model=model,
             instance=instance,
@@ -124,13 +123,13 @@ async def list_requests(
             min_ttft=min_ttft,
             min_e2e=min_e2e,
         )
-        offset = store.decode_cursor(cursor)
-    except store.InvalidFilter as exc:
+        offset = listing.decode_cursor(cursor)
+    except listing.InvalidFilter as exc:
         raise HTTPException(status_code=400, detail=str(exc)) from None
-    except store.InvalidCursor as exc:
+    except listing.InvalidCursor as exc:
         raise HTTPException(status_code=400, detail=str(exc)) from None
     return await query(
-        store.list_requests,
+        listing.list_requests,
         collector=collector,
         engine=engine,
         filters=filters,
@@ -154,7 +153,7 @@ async def get_request(
     the samples of an ``n>1`` request, or the same request id on several replicas (``instances`` lists
     them; ``?instance=`` picks one)."""
     rows = await query(
-        store.find_requests, collector=collector, engine=engine, request_id=request_id, instance=instance
+        listing.find_requests, collector=collector, engine=engine, request_id=request_id, instance=instance
     )
     if not rows:
         where = f" on instance {instance!r}" if instance is not None else ""

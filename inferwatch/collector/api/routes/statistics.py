@@ -10,8 +10,7 @@ from inferwatch.collector.api.deps import READ_RESPONSES, CollectorDep, StatsEng
 from inferwatch.collector.api.routes.request_log import DB_RESPONSES, parse_time, query
 from inferwatch.collector.schemas import ErrorBody, GroupBy, Side, Stats
 from inferwatch.collector.settings import parse_duration
-from inferwatch.collector.stats import planner as store
-from inferwatch.collector.stats import sides
+from inferwatch.collector.stats import listing, planner, sides, windowing
 from inferwatch.collector.stats.planner import StatsMode
 from inferwatch.core.schema import E2E, QUEUE, TPOT, TTFT
 
@@ -79,9 +78,9 @@ async def stats(
         delta = parse_duration(window)
     except (ValueError, OverflowError):
         raise HTTPException(status_code=400, detail=f"invalid window {window[:40]!r}: e.g. 1h, 30m, 7d") from None
-    if not delta.total_seconds() > 0 or delta > store.MAX_WINDOW:
+    if not delta.total_seconds() > 0 or delta > planner.MAX_WINDOW:
         raise HTTPException(
-            status_code=400, detail=f"window must be longer than 0 s and at most {store.MAX_WINDOW.days} days"
+            status_code=400, detail=f"window must be longer than 0 s and at most {planner.MAX_WINDOW.days} days"
         )
     slos = {
         field: value
@@ -92,13 +91,13 @@ async def stats(
     if start is not None and end is not None and end <= start:
         raise HTTPException(status_code=400, detail="until must be after since")
     try:
-        filters = store.StatsFilter(
+        filters = windowing.StatsFilter(
             engine=llm_engine, model=model, instance=instance, service=service, side=sides.effective(side, service)
         )
-    except store.InvalidFilter as exc:
+    except listing.InvalidFilter as exc:
         raise HTTPException(status_code=400, detail=str(exc)) from None
     return await query(
-        store.compute_stats,
+        planner.compute_stats,
         collector=collector,
         engine=engine,
         window=delta,

@@ -23,7 +23,7 @@ from inferwatch.collector.incidents.page import CONTENT_SECURITY_POLICY, render
 from inferwatch.collector.incidents.payload import AmNotification, PayloadError, parse
 from inferwatch.collector.schemas import ErrorBody
 from inferwatch.collector.service import Collector
-from inferwatch.collector.stats import planner as store
+from inferwatch.collector.stats import listing
 
 T = TypeVar("T")
 
@@ -47,7 +47,7 @@ page_router = APIRouter(tags=["alerts"])
 async def _db(fn: Callable[..., T], collector: Collector, **kwargs: Any) -> T:
     """Run a blocking database function in a worker thread: 503 naming the problem when the database cannot be
     reached or does not answer in time (a short deadline while the writer knows it to be down)."""
-    return await query(store.guarded(fn), collector=collector, **kwargs)
+    return await query(listing.guarded(fn), collector=collector, **kwargs)
 
 
 def _inline(schema: dict[str, Any]) -> dict[str, Any]:

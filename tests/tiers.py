@@ -118,6 +118,7 @@ COMPONENTS: dict[str, str | None] = {
     # the whole
     "test_e2e_prometheus.py": "stack",
     "test_engine_parts.py": "stack",
+    "test_house.py": "stack",
     "test_scale_metrics.py": "stack",
     "test_stack.py": "stack",
     "test_wheel.py": "stack",

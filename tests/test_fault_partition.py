@@ -40,12 +40,12 @@ from inferwatch.collector.store.tables import INCIDENTS_TABLE
 from inferwatch.core import vocabulary as V
 from tests.conftest import postgres_schema
 from tests.support.alertmanager import alert, notification
+from tests.support.durability import metric, stored_span_ids, wait_until
 from tests.support.httpserver import serving
 from tests.support.loopwatch import LoopWatch, served_watched
 from tests.support.sink import running_sink
 from tests.support.spans import SpanBodies
 from tests.support.tcp_proxy import TcpProxy
-from tests.test_collector_durability import metric, stored_span_ids, wait_until
 
 PB: Final = "application/x-protobuf"
 INGEST_TOKEN: Final = "ingest-secret"

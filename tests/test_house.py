@@ -24,7 +24,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "inferwatch"
 
 MAX_LINES = 600
-"""No module of the product or of the benchmarks is longer (tests are exempt: one file per concern)."""
+"""No module of the product, the benchmarks or the test suite is longer: a test file past it is split by concern
+(the engine fixtures under ``tests/fixtures/`` are data, not modules of the suite)."""
 
 ROOT_LINKS = ("alerts", "collector", "dashboards", "exporters", "migrations")
 """The folders a reader looks for at the top of the repository: links into the package."""
@@ -96,7 +97,9 @@ def test_one_per_component_names_are_still_shared() -> None:
 
 
 def test_no_module_is_over_the_size_limit() -> None:
-    sources = [*_modules(), *sorted((ROOT / "bench").glob("*.py"))]
+    tests = ROOT / "tests"
+    suite = sorted(p for p in tests.rglob("*.py") if p.relative_to(tests).parts[0] != "fixtures")
+    sources = [*_modules(), *sorted((ROOT / "bench").glob("*.py")), *suite]
     long = {str(p.relative_to(ROOT)): n for p in sources if (n := len(p.read_text().splitlines())) > MAX_LINES}
     assert not long, f"modules over {MAX_LINES} lines (split them by concern): {long}"
 

@@ -77,6 +77,8 @@ COMPONENTS: dict[str, str | None] = {
     "test_collector_sources.py": "collector",
     "test_collector_sources_validation.py": "collector",
     "test_collector_storage.py": "collector",
+    "test_collector_write_ahead.py": "collector",
+    "test_collector_writer.py": "collector",
     "test_diagnose.py": "collector",
     "test_diagnose_e2e.py": "collector",
     "test_fault_partition.py": "collector",

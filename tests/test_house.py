@@ -119,7 +119,7 @@ def test_no_function_is_ranked_e_or_f() -> None:
 @pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
 def test_a_checkout_without_symlinks_imports_every_module(tmp_path: Path) -> None:
     """``git clone -c core.symlinks=false``: the root links become small text files; nothing imports,
-    builds or tests through them, so every module still imports from the clone."""
+    builds or tests through them, so every module still imports from the clone, and its tests run."""
     clone = tmp_path / "clone"
     subprocess.run(
         ["git", "clone", "-q", "-c", "core.symlinks=false", str(ROOT), str(clone)], check=True, capture_output=True
@@ -139,6 +139,18 @@ def test_a_checkout_without_symlinks_imports_every_module(tmp_path: Path) -> Non
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert int(done.stdout.split()[-1]) > 100
+    # and tests from the clone: the goldens are read and regenerated at their real paths
+    tests = ["tests/test_goldens.py", "tests/test_drift.py"]
+    tested = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests],
+        cwd=clone,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert tested.returncode == 0, tested.stdout[-3000:]
+    assert " passed" in tested.stdout and " failed" not in tested.stdout
 
 
 def _layers(lines: list[str]) -> list[set[str]]:

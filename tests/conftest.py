@@ -25,6 +25,7 @@ from inferwatch.core import vocabulary as V
 from inferwatch.demo import free_ports
 from inferwatch.exporters.engines import EngineRegistry, builtin_registry
 from tests import tiers
+from tests.support.stack import Processes
 
 ROOT = Path(__file__).resolve().parent.parent
 ENGINE_FIXTURES = ROOT / "tests" / "fixtures" / "engines"
@@ -94,6 +95,16 @@ def require_tool(name: str) -> str:
 @pytest.fixture(scope="session")
 def promtool() -> str:
     return require_tool("promtool")
+
+
+@pytest.fixture
+def procs(tmp_path: Path) -> Iterator[Processes]:
+    """The processes a test starts (logs in its tmp_path), stopped and reaped when it ends."""
+    p = Processes(tmp_path / "logs")
+    try:
+        yield p
+    finally:
+        p.close()
 
 
 def free_port() -> int:

@@ -86,15 +86,6 @@ def otlp_receiver() -> Iterator[OtlpReceiver]:
         yield receiver
 
 
-@pytest.fixture
-def procs(tmp_path: Path) -> Iterator[Processes]:
-    p = Processes(tmp_path / "logs")
-    try:
-        yield p
-    finally:
-        p.close()
-
-
 def traceparent() -> tuple[str, dict[str, str]]:
     trace = uuid.uuid4().hex
     return trace, {"traceparent": f"00-{trace}-{uuid.uuid4().hex[:16]}-01"}

@@ -15,7 +15,6 @@ import json
 import os
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
@@ -27,15 +26,6 @@ from tests.conftest import free_port
 from tests.helpers import has, value
 from tests.support.proxy_harness import LOOPS, MODEL, echo_upstream, running_proxy, start_sim
 from tests.support.stack import Processes
-
-
-@pytest.fixture
-def procs(tmp_path: Path) -> Iterator[Processes]:
-    p = Processes(tmp_path / "logs")
-    try:
-        yield p
-    finally:
-        p.close()
 
 
 # -- pass-through ---------------------------------------------------------------------------------------

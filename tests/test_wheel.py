@@ -279,15 +279,6 @@ def test_demo_runs_from_the_wheel(clean_cwd: Installed) -> None:
 
 
 # -- the light sidecars: [exporter] alone, [proxy] alone ---------------------------------------------------------
-@pytest.fixture
-def procs(tmp_path: Path) -> Iterator[Processes]:
-    p = Processes(tmp_path / "logs")
-    try:
-        yield p
-    finally:
-        p.close()
-
-
 def _importable(inst: Installed, modules: tuple[str, ...]) -> set[str]:
     """Which of ``modules`` the install's own Python finds."""
     probe = subprocess.run(

@@ -78,21 +78,25 @@ GEN_SLO := --slo inferwatch/alerts/slos.yaml
 GEN_ALERTS := $(PY) -m inferwatch generate alerts $(GEN_SLO) --out inferwatch/alerts/generated
 GEN_DASHBOARDS := $(PY) -m inferwatch generate dashboards $(GEN_SLO) --out inferwatch/dashboards/generated --sketches docs/dashboards
 GEN_STACK := $(PY) -m inferwatch generate stack $(GEN_SLO) --out deploy
+GEN_KUBERNETES := $(PY) -m inferwatch generate kubernetes $(GEN_SLO) --out deploy/kubernetes
 
 goldens: $(STAMP) ## rewrite goldens after an intended change (review!)
 	$(PY) -m pytest -q tests/test_goldens.py tests/test_coverage.py tests/test_dashboards.py --update-goldens
 	$(GEN_ALERTS)
 	$(GEN_DASHBOARDS)
 	$(GEN_STACK)
+	$(GEN_KUBERNETES)
 
 check-generated: $(STAMP) ## fail when a committed generated file is stale
 	$(PY) -m pytest -q tests/test_goldens.py tests/test_coverage.py tests/test_dashboards.py \
 		tests/test_stack.py::test_deploy_is_the_generated_stack_byte_for_byte \
 		tests/test_stack.py::test_each_generated_file_is_committed_once \
-		tests/test_stack.py::test_the_containers_see_the_whole_generated_stack
+		tests/test_stack.py::test_the_containers_see_the_whole_generated_stack \
+		tests/test_kubernetes.py::test_deploy_kubernetes_is_the_generated_tree_byte_for_byte
 	$(GEN_ALERTS) --check
 	$(GEN_DASHBOARDS) --check
 	$(GEN_STACK) --check
+	$(GEN_KUBERNETES) --check
 
 clean: ## remove the virtualenv and caches
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -31,6 +31,7 @@ import yaml
 
 from inferwatch.alerts.generate import ALERTMANAGER_FILE, RULES_FILE, RUNBOOKS_FILE
 from inferwatch.alerts.generate import generate as generate_alerts
+from inferwatch.core import topology
 from inferwatch.core import vocabulary as V
 from inferwatch.core.slo import SLOFile
 from inferwatch.dashboards.generate import generate as generate_dashboards
@@ -43,9 +44,9 @@ ALERTMANAGER_DIR: Final = "alertmanager"
 GRAFANA_DIR: Final = "grafana"
 COLLECTOR_DIR: Final = "collector"
 NOTIFY_FILE: Final = "notify.yaml"
-EXPORTERS_JOB: Final = "inferwatch-exporters"
-COLLECTOR_JOB: Final = "inferwatch-collector"
-WEBHOOK_PATH: Final = "/api/v1/alerts/webhook"
+EXPORTERS_JOB: Final = topology.EXPORTERS_JOB
+COLLECTOR_JOB: Final = topology.COLLECTOR_JOB
+WEBHOOK_PATH: Final = topology.WEBHOOK_PATH
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,7 @@ class Layout:
     exporters: tuple[Exporter, ...]
     prometheus: str = "prometheus:9090"
     alertmanager: str = "alertmanager:9093"
-    collector: str = "collector:4318"
+    collector: str = topology.address("collector", topology.COLLECTOR_HTTP_PORT)
     scrape_interval: str = "15s"
     evaluation_interval: str = "15s"
     remote_write: str | None = None
@@ -74,7 +75,7 @@ class Layout:
 
 
 COMPOSE_LAYOUT: Final = Layout(
-    exporters=tuple(Exporter(f"exporter-{engine}:9400") for engine in V.ENGINES),
+    exporters=tuple(Exporter(topology.address(f"exporter-{engine}", topology.EXPORTER_PORT)) for engine in V.ENGINES),
 )
 """The layout of the repository's docker-compose.yml: a simulated fleet, one exporter per engine."""
 

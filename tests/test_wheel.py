@@ -242,6 +242,20 @@ def test_generate_dashboards_writes_only_under_out(clean_cwd: Installed, tmp_pat
     assert not list(tmp_path.glob("*.png")) and not (clean_cwd.cwd / "docs").exists()
 
 
+def test_generate_kubernetes_from_the_wheel_is_the_committed_tree(clean_cwd: Installed, tmp_path: Path) -> None:
+    """Outside the checkout, with the packaged SLO file: the same tree as deploy/kubernetes/, byte for byte."""
+    out = tmp_path / "kubernetes"
+    result = clean_cwd.run("generate", "kubernetes", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    golden = ROOT / "deploy" / "kubernetes"
+    written = {p.relative_to(out).as_posix(): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    expected = {p.relative_to(golden).as_posix(): p.read_bytes() for p in golden.rglob("*") if p.is_file()}
+    assert sorted(written) == sorted(expected)
+    assert [name for name in written if written[name] != expected[name]] == []
+    check = clean_cwd.run("generate", "kubernetes", "--out", str(out), "--check")
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
 def test_exporter_translate(clean_cwd: Installed) -> None:
     capture = ENGINE_FIXTURES / "vllm" / "0.32.0-cpu" / "metrics-final.txt"
     result = clean_cwd.run("exporter", "translate", str(capture))

@@ -136,3 +136,100 @@ def generate_stack(
         evaluation_interval=scrape_interval,
     )
     _write({out / name: content for name, content in own_files(spec, vocab, layout).items()}, check, "stack")
+
+
+def _pairs(values: list[str] | None, flag: str) -> tuple[tuple[str, str], ...] | None:
+    """``k=v`` flags as pairs (None when none was given)."""
+    if not values:
+        return None
+    pairs = []
+    for value in values:
+        key, sep, val = value.partition("=")
+        if not sep or not key:
+            raise fail(f"{flag} expects KEY=VALUE, got {value!r}")
+        pairs.append((key, val))
+    return tuple(pairs)
+
+
+@generate_app.command("kubernetes")
+def generate_kubernetes(
+    out: OutOption,
+    slo: SloOption = None,
+    check: Annotated[bool, typer.Option("--check", help="Do not write: exit 1 when the files on disk differ.")] = False,
+    namespace: Annotated[
+        str,
+        typer.Option(
+            metavar="NS", help="Namespace of the collector and the monitoring objects (set in kustomization.yaml)."
+        ),
+    ] = "inferwatch",
+    engine: Annotated[
+        list[str] | None,
+        typer.Option(
+            metavar="ENGINE",
+            help="vllm, tgi, trtllm or triton: write its sidecar patches and example (repeatable; default: all four).",
+        ),
+    ] = None,
+    prometheus_operator_labels: Annotated[
+        list[str] | None,
+        typer.Option(
+            metavar="K=V",
+            help="A label on the PodMonitors, PrometheusRule and AlertmanagerConfig, which the Prometheus Operator "
+            "selects by (repeatable; default: release with the value kube-prometheus-stack).",
+        ),
+    ] = None,
+    image: Annotated[
+        str | None,
+        typer.Option(metavar="IMAGE", help="The inferwatch image of every container (default: inferwatch:VERSION)."),
+    ] = None,
+    grafana_label: Annotated[
+        str,
+        typer.Option(
+            metavar="K=V", help="The label Grafana's dashboard sidecar watches, on the dashboards' ConfigMaps."
+        ),
+    ] = "grafana_dashboard=1",
+    grafana_operator: Annotated[
+        bool,
+        typer.Option("--grafana-operator", help="Also write a GrafanaDashboard (grafana-operator) for each dashboard."),
+    ] = False,
+    prometheus_url: Annotated[
+        str | None,
+        typer.Option(
+            metavar="URL",
+            help="The Prometheus the collector's diagnosis reads (default: kube-prometheus-stack's, in the "
+            "namespace monitoring).",
+        ),
+    ] = None,
+) -> None:
+    """Kubernetes manifests: the collector, exporter and proxy sidecars, PodMonitors, the
+    PrometheusRule, an AlertmanagerConfig and the dashboards as ConfigMaps.
+
+    Plain YAML and a kustomization.yaml: `kubectl apply -k OUT` applies the collector, the
+    monitoring objects and the dashboards, once the Secret inferwatch-collector (keys
+    database-url, ingest-token, read-token) exists. OUT/sidecars/ holds kustomize Components
+    adding the exporter or proxy to your engine Deployments, OUT/examples/ example engines.
+    The PrometheusRule holds the rules `generate alerts` writes for the same --slo file.
+    """
+    from dataclasses import replace
+
+    from inferwatch.core import vocabulary as Vocab
+
+    with needs_extra("generate", "generate kubernetes"):
+        from inferwatch.kubernetes.kube_objects import KubeOptions
+        from inferwatch.kubernetes.manifests import generate
+
+    unknown = sorted(set(engine or ()) - set(Vocab.ENGINES))
+    if unknown:
+        raise fail(f"--engine: unknown {', '.join(unknown)} (one of {', '.join(Vocab.ENGINES)})")
+    (label,) = _pairs([grafana_label], "--grafana-label") or ()
+    options = KubeOptions(namespace=namespace, grafana_label=label, grafana_operator=grafana_operator)
+    if prometheus_url:
+        options = replace(options, prometheus_url=prometheus_url)
+    if engine:
+        options = replace(options, engines=tuple(e for e in Vocab.ENGINES if e in engine))
+    if labels := _pairs(prometheus_operator_labels, "--prometheus-operator-labels"):
+        options = replace(options, prometheus_operator_labels=labels)
+    if image:
+        options = replace(options, image=image)
+    vocab = load_settings().vocabulary()
+    spec, _ = _load_slos(slo, vocab)
+    _write({out / name: content for name, content in generate(spec, vocab, options).items()}, check, "kubernetes")

@@ -4,7 +4,7 @@
   and bad ones (a misspelled field, a wrong type, a removed API version, an unknown kind ...) fail, so
   that a green run over the generated tree means something.
 * Then every YAML document of ``deploy/kubernetes/`` (``inferwatch generate kubernetes``): each object
-  validates (Kubernetes 1.32 strict schemas, the Prometheus Operator CRD models); ``kubectl
+  validates (Kubernetes 1.32 strict schemas, the Prometheus Operator and grafana-operator CRDs); ``kubectl
   kustomize`` builds the same objects, and what it builds (the patches applied) validates too; the
   PrometheusRule's groups pass ``promtool check rules`` and the rule unit tests of ``tests/alerts/``; the
   AlertmanagerConfig, rendered as the operator renders it, passes ``amtool check-config`` and routes every
@@ -30,6 +30,9 @@ import pytest
 import yaml
 
 from inferwatch.core import vocabulary as V
+from inferwatch.core.slo import load
+from inferwatch.kubernetes.kube_objects import KubeOptions
+from inferwatch.kubernetes.manifests import generate
 from inferwatch.stack import WEBHOOK_PATH
 from tests.conftest import ROOT, require_tool
 from tests.support import kube_schemas as K
@@ -128,6 +131,21 @@ ALERTMANAGER_CONFIG = {
         ],
     },
 }
+DASHBOARD = {
+    "apiVersion": "grafana.integreatly.org/v1beta1",
+    "kind": "GrafanaDashboard",
+    "metadata": {"name": "x", "labels": LABELS},
+    "spec": {"instanceSelector": {"matchLabels": {"dashboards": "grafana"}}, "configMapRef": {"name": "x", "key": "x"}},
+}
+DASHBOARD_BAD: dict[str, tuple[str, Any, str]] = {  # id: (path, value or None to delete it, what the error says)
+    "dashboard-misspelled-field": ("spec.configMapRef.keys", "x.json", "'keys' was unexpected"),
+    "dashboard-bool-as-string": ("spec.allowCrossNamespaceImport", "true", "spec.allowCrossNamespaceImport"),
+    "dashboard-no-instance-selector": ("spec.instanceSelector", None, "'instanceSelector' is a required property"),
+    "dashboard-not-a-duration": ("spec.resyncPeriod", "10 minutes", "spec.resyncPeriod"),
+    "dashboard-not-base64": ("spec.gzipJson", "{}", "spec.gzipJson: '{}' is not a 'byte'"),
+    "dashboard-unknown-metadata-field": ("metadata.label", {}, "metadata: Additional properties"),
+    "dashboard-old-api-version": ("apiVersion", "grafana.integreatly.org/v1alpha1", "no schema for GrafanaDashboard"),
+}
 GOOD = {
     "Deployment": DEPLOYMENT,
     "Service": {
@@ -175,6 +193,7 @@ GOOD = {
     "ServiceMonitor": SERVICE_MONITOR,
     "PrometheusRule": PROMETHEUS_RULE,
     "AlertmanagerConfig": ALERTMANAGER_CONFIG,
+    "GrafanaDashboard": DASHBOARD,
 }
 
 
@@ -284,12 +303,8 @@ BAD = [
         "webhook_configs: unknown field",
         id="amc-alertmanager-yml-spelling",
     ),
+    *(pytest.param(K.changed(DASHBOARD, p, v, delete=v is None), e, id=i) for i, (p, v, e) in DASHBOARD_BAD.items()),
     # no schema at all
-    pytest.param(
-        {"apiVersion": "grafana.integreatly.org/v1beta1", "kind": "GrafanaDashboard", "metadata": {"name": "x"}},
-        "no schema for GrafanaDashboard",
-        id="grafana-dashboard",
-    ),
     pytest.param(
         {"apiVersion": "keda.sh/v1alpha1", "kind": "ScaledObject", "metadata": {"name": "x"}},
         "no schema for ScaledObject",
@@ -344,14 +359,8 @@ def render(amc: dict[str, Any], tmp_path: Path, namespace_matcher: str | None = 
 
 def routes_to(config: Path, labels: dict[str, str]) -> list[str]:
     """The receivers ``amtool config routes test`` sends an alert with ``labels`` to."""
-    result = run(
-        require_tool("amtool"),
-        "config",
-        "routes",
-        "test",
-        f"--config.file={config}",
-        *(f"{k}={v}" for k, v in labels.items()),
-    )
+    args = (f"--config.file={config}", *(f"{k}={v}" for k, v in labels.items()))
+    result = run(require_tool("amtool"), "config", "routes", "test", *args)
     assert result.returncode == 0, result.stdout + result.stderr
     return result.stdout.strip().split(",")
 
@@ -409,17 +418,8 @@ def require_kustomize() -> str:
     return kubectl
 
 
-REQUIRED_KINDS = {
-    "Deployment",
-    "Service",
-    "Job",
-    "PodDisruptionBudget",
-    "HorizontalPodAutoscaler",
-    "NetworkPolicy",
-    "ConfigMap",
-    "PrometheusRule",
-    "AlertmanagerConfig",
-}
+REQUIRED_KINDS = {"Deployment", "Service", "Job", "PodDisruptionBudget", "HorizontalPodAutoscaler", "NetworkPolicy"}
+REQUIRED_KINDS |= {"ConfigMap", "PrometheusRule", "AlertmanagerConfig"}
 
 
 def test_the_tree_is_there_with_every_kind_the_issue_asks_for() -> None:
@@ -431,11 +431,15 @@ def test_the_tree_is_there_with_every_kind_the_issue_asks_for() -> None:
 
 @pytest.mark.parametrize(("path", "doc"), [pytest.param(p, d, id=i) for i, p, d in T.documents()])
 def test_every_document_of_the_tree_validates(path: Path | None, doc: dict[str, Any]) -> None:
-    group = str(doc.get("apiVersion", "")).rpartition("/")[0]
-    why = K.UNVALIDATED_KINDS.get((group, str(doc.get("kind"))))
-    if why:
-        pytest.skip(why)
     assert K.validate_object(doc, partial=path is None or T.is_patch(path)) == []
+
+
+def test_the_grafana_dashboards_of_the_grafana_operator_option_validate(tmp_path: Path) -> None:
+    """``--grafana-operator`` (off in the committed tree): its tree, written out, has GrafanaDashboards, valid."""
+    spec = load(ROOT / "inferwatch" / "alerts" / "slos.yaml", V.Vocabulary())
+    tree = K.Tree.written(tmp_path, generate(spec, V.Vocabulary(), KubeOptions(grafana_operator=True)))
+    errors = {d["metadata"]["name"]: K.validate_object(d) for d in tree.objects("GrafanaDashboard")}
+    assert errors and {k: v for k, v in errors.items() if v} == {}
 
 
 def test_every_file_of_the_tree_is_named_by_a_kustomization() -> None:

@@ -90,30 +90,40 @@ class EngineFacts:
 def engine_facts(engine: str) -> EngineFacts:
     """The facts of one of :data:`~inferwatch.core.vocabulary.ENGINES` (KeyError for another)."""
     facts = {
-        # vLLM's OpenAI server: API and /metrics on --port 8000
+        # vLLM's OpenAI server: API and /metrics on --port 8000. Image: 0.32.0, the release of the real captures
+        # (tests/fixtures/engines/vllm/0.32.0-cpu); vLLM publishes each release as vllm/vllm-openai:v<version>
+        # (vllm-project/vllm, .buildkite/scripts/publish-release-images.sh).
         V.ENGINE_VLLM: EngineFacts(V.ENGINE_VLLM, 8000, 8000, "/metrics", "/health", "vllm/vllm-openai:v0.32.0", False),
-        # TGI: --port defaults to 3000 but its image sets PORT=80; /metrics on the same port
+        # TGI: --port defaults to 3000 but its image sets PORT=80; /metrics on the same port. Image: 3.3.7, the
+        # release the fixtures follow (tests/fixtures/engines/tgi/3.3.7); a release tag is pushed as <version>
+        # (huggingface/text-generation-inference, tag v3.3.7, .github/workflows/build.yaml: type=semver).
         V.ENGINE_TGI: EngineFacts(
-            V.ENGINE_TGI, 80, 80, "/metrics", "/health", "ghcr.io/huggingface/text-generation-inference:3.3.6", False
+            V.ENGINE_TGI, 80, 80, "/metrics", "/health", "ghcr.io/huggingface/text-generation-inference:3.3.7", False
         ),
-        # trtllm-serve: --port 8000; /prometheus/metrics with return_perf_metrics: true
+        # trtllm-serve: --port 8000; /prometheus/metrics with return_perf_metrics: true. Image: 1.3.0rc5, the
+        # release of the trtllm_-prefixed Gen B metrics (tests/fixtures/engines/trtllm/gen-b; 1.0.0 predates
+        # /prometheus/metrics); NVIDIA runs this tag with trtllm-serve --extra_llm_api_options in
+        # NVIDIA/dgx-spark-playbooks, nvidia/trt-llm/README.md, and in the TensorRT-LLM quick start guide
+        # (nvidia.github.io/TensorRT-LLM/quick-start-guide.html).
         V.ENGINE_TRTLLM: EngineFacts(
             V.ENGINE_TRTLLM,
             8000,
             8000,
             "/prometheus/metrics",
             "/health",
-            "nvcr.io/nvidia/tensorrt-llm/release:1.0.0",
+            "nvcr.io/nvidia/tensorrt-llm/release:1.3.0rc5",
             False,
         ),
-        # Triton: HTTP 8000, gRPC 8001, metrics on their own port 8002
+        # Triton: HTTP 8000, gRPC 8001, metrics on their own port 8002. Image: 25.03 with the TensorRT-LLM
+        # backend, the release the fixtures follow (tests/fixtures/engines/triton/25.03-trtllm); NVIDIA names
+        # it in NVIDIA/TensorRT-LLM, examples/draft_target_model/README.md (TensorRT-LLM 0.18.0).
         V.ENGINE_TRITON: EngineFacts(
             V.ENGINE_TRITON,
             8000,
             8002,
             "/metrics",
             "/v2/health/ready",
-            "nvcr.io/nvidia/tritonserver:25.06-trtllm-python-py3",
+            "nvcr.io/nvidia/tritonserver:25.03-trtllm-python-py3",
             True,
         ),
     }

@@ -11,8 +11,15 @@
   boolean, no ``"5"`` for an integer). The models *ignore* unknown fields (pydantic's default) and accept
   the Python names of fields (``scrape_timeout`` for ``scrapeTimeout``), so the parsed model is written
   back with the schema's names and compared with the input: a field it lost (unknown) or changed is an error.
+* **CRDs no installable package describes** (grafana-operator's GrafanaDashboard): the ``openAPIV3Schema``
+  the project publishes in its CRD, stored under ``tests/fixtures/crds/`` (:data:`CRD_SCHEMAS`; where each
+  comes from: ``SOURCE.md`` there), checked with ``jsonschema`` as the API server reads a structural schema:
+  a field an object's ``properties`` do not name is an error (the server prunes it, or refuses it under
+  strict field validation) unless ``x-kubernetes-preserve-unknown-fields``; ``metadata`` is Kubernetes'
+  ObjectMeta (strict); the ``byte``, ``int64`` and ``date-time`` formats are checked. The CRD's CEL rules
+  (``x-kubernetes-validations``) are not evaluated.
 * Anything else: the error ``no schema for KIND``. :data:`UNVALIDATED_KINDS` names the kinds the
-  generator may emit that no installable package describes, and why.
+  generator may emit that nothing here describes, and why (none at present).
 
 Also here: :func:`alertmanager_yml`, an AlertmanagerConfig rendered as the operator renders it (for amtool),
 and :class:`Tree`, a directory of manifests and its kustomizations, read with a loader that refuses
@@ -21,7 +28,10 @@ duplicate keys.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import copy
+import datetime
 import functools
 import importlib.metadata
 import importlib.resources
@@ -49,13 +59,14 @@ PROMETHEUS_OPERATOR_VERSION = importlib.metadata.version("cloudcoil-models-prome
 """The Prometheus Operator release whose CRDs the models were generated from, plus a build number
 (0.80.1.0 is v0.80.1, the newest the package has for Python 3.11)."""
 
-UNVALIDATED_KINDS: dict[tuple[str, str], str] = {
-    ("grafana.integreatly.org", "GrafanaDashboard"): (
-        "grafana-operator's GrafanaDashboard CRD has no installable schema package (no cloudcoil or other model "
-        "on PyPI); the generator emits it only behind a flag"
-    ),
-}
+UNVALIDATED_KINDS: dict[tuple[str, str], str] = {}
 """(API group, kind) → why no schema checks it."""
+
+CRD_FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "crds"
+CRD_SCHEMAS: dict[tuple[str, str], str] = {
+    ("grafana.integreatly.org/v1beta1", "GrafanaDashboard"): "grafana.integreatly.org_grafanadashboards.v1beta1.json",
+}
+"""(apiVersion, kind) → the file under :data:`CRD_FIXTURES` holding the CRD's ``openAPIV3Schema`` for that version."""
 
 _SCHEMA_ROOT = "kubernetes-json-schema"
 
@@ -119,11 +130,67 @@ def _core_schema(group: str, version: str, kind: str) -> dict[str, Any] | None:
     return schema
 
 
-def _core_errors(schema: dict[str, Any], doc: dict[str, Any], partial: bool) -> list[str]:
-    cls = _PartialValidator if partial else jsonschema.Draft202012Validator
-    validator = cls(schema, registry=_registry())
+def _messages(validator: Any, doc: dict[str, Any]) -> list[str]:
     errors = sorted(validator.iter_errors(doc), key=lambda e: list(map(str, e.absolute_path)))
     return [f"{_loc(tuple(e.absolute_path))}: {e.message}" for e in errors]
+
+
+def _core_errors(schema: dict[str, Any], doc: dict[str, Any], partial: bool) -> list[str]:
+    cls = _PartialValidator if partial else jsonschema.Draft202012Validator
+    return _messages(cls(schema, registry=_registry()), doc)
+
+
+# --- CRDs without a package: their published openAPIV3Schema ------------------------------------
+_OBJECT_META = "https://kubernetes.io/api/_definitions.json#/$defs/io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta"
+_FORMATS = jsonschema.FormatChecker(formats=())
+
+
+def _is_base64(value: object) -> bool:
+    return not isinstance(value, str) or base64.b64decode(value, validate=True) is not None
+
+
+def _is_int64(value: object) -> bool:
+    return not isinstance(value, int) or -(2**63) <= value < 2**63
+
+
+def _is_date_time(value: object) -> bool:
+    return not isinstance(value, str) or ("T" in value.upper() and bool(datetime.datetime.fromisoformat(value)))
+
+
+_FORMATS.checks("byte", raises=(binascii.Error, ValueError))(_is_base64)
+_FORMATS.checks("int64")(_is_int64)
+_FORMATS.checks("date-time", raises=ValueError)(_is_date_time)
+
+
+def _structural(node: dict[str, Any]) -> dict[str, Any]:
+    """One node of a structural schema as plain JSON Schema: an object without ``additionalProperties``
+    admits no field its ``properties`` do not name (unless ``x-kubernetes-preserve-unknown-fields``),
+    ``nullable`` admits null, ``x-kubernetes-int-or-string`` an integer or a string."""
+    out = dict(node)
+    if "properties" in out:
+        out["properties"] = {name: _structural(sub) for name, sub in out["properties"].items()}
+    for key in ("items", "additionalProperties", "not"):
+        if isinstance(out.get(key), dict):
+            out[key] = _structural(out[key])
+    for key in ("allOf", "anyOf", "oneOf"):
+        if key in out:
+            out[key] = [_structural(sub) for sub in out[key]]
+    if out.pop("x-kubernetes-int-or-string", False):
+        out.pop("type", None)
+        out["anyOf"] = [*out.get("anyOf", []), {"type": "integer"}, {"type": "string"}]
+    if out.pop("nullable", False) and "type" in out:
+        out["type"] = [out["type"], "null"]
+    preserve = out.get("x-kubernetes-preserve-unknown-fields", False)
+    if out.get("type") == "object" and "additionalProperties" not in out and not preserve:
+        out["additionalProperties"] = False
+    return out
+
+
+@functools.cache
+def _crd_validator(file_name: str) -> Any:
+    schema = _structural(json.loads((CRD_FIXTURES / file_name).read_text()))
+    schema["properties"]["metadata"] = {"$ref": _OBJECT_META}
+    return jsonschema.Draft202012Validator(schema, registry=_registry(), format_checker=_FORMATS)
 
 
 # --- Prometheus Operator kinds: cloudcoil's models ------------------------------------------------
@@ -184,11 +251,13 @@ def validate_object(doc: dict[str, Any], *, partial: bool = False) -> list[str]:
     group, version = _group_version(api_version)
     if not partial and not (isinstance(doc.get("metadata"), dict) and doc["metadata"].get("name")):
         errors.append("metadata.name: required")
-    model = _crd_models().get((api_version, kind))
+    model, crd_file = _crd_models().get((api_version, kind)), CRD_SCHEMAS.get((api_version, kind))
+    if (model or crd_file) and partial:
+        return [f"no partial schema for {kind}: only core kinds can be checked as patches"]
     if model is not None:
-        if partial:
-            return [f"no partial schema for {kind}: only core kinds can be checked as patches"]
         return errors + _crd_errors(model, doc)
+    if crd_file is not None:
+        return errors + _messages(_crd_validator(crd_file), doc)
     schema = _core_schema(group, version, kind)
     if schema is not None:
         return errors + _core_errors(schema, doc, partial)
@@ -378,6 +447,14 @@ class Tree:
 
     def __init__(self, root: Path) -> None:
         self.root = root
+
+    @classmethod
+    def written(cls, root: Path, files: dict[str, bytes]) -> Tree:
+        """``files`` (relative path -> content, as the generator returns them) written under ``root``."""
+        for name, content in files.items():
+            (root / name).parent.mkdir(parents=True, exist_ok=True)
+            (root / name).write_bytes(content)
+        return cls(root)
 
     def kustomization_files(self) -> list[Path]:
         return sorted(p for p in self.root.rglob("*") if p.name in KUSTOMIZATIONS) if self.root.is_dir() else []

@@ -24,12 +24,9 @@ import argparse
 import contextlib
 import os
 import signal
-import socket
 import subprocess
-import sys
 import tempfile
 import time
-import venv
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,10 +34,10 @@ from pathlib import Path
 import httpx
 
 from inferwatch.core import vocabulary as V
+from tests.conftest import free_port
 from tests.support.stack import Processes, simulator_cmd
+from tests.support.wheelenv import build_wheel, clean_env, install
 
-ROOT = Path(__file__).resolve().parent.parent
-PIP_TIMEOUT_S = 900
 MODEL = "sim-model"
 INSTALLS: dict[str, str] = {"all": "[all]", "exporter": "[exporter]", "proxy": "[proxy]", "core": ""}
 """Install name -> the extras after the wheel's path."""
@@ -57,39 +54,6 @@ class Measured:
     site_packages_bytes: int
     distributions: int
     rss_bytes: dict[str, int]
-
-
-def build_wheel(out: Path) -> Path:
-    done = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--wheel-dir", str(out), str(ROOT)],
-        capture_output=True,
-        text=True,
-        timeout=PIP_TIMEOUT_S,
-    )
-    if done.returncode != 0:
-        raise RuntimeError(f"pip wheel failed: {done.stderr[-3000:]}")
-    return next(out.glob("inferwatch-*.whl"))
-
-
-def install(wheel: Path, extras: str, dest: Path) -> Path:
-    """A fresh virtualenv at ``dest`` holding ``wheel`` with ``extras`` (e.g. ``[exporter]``)."""
-    venv.create(dest, with_pip=True)
-    done = subprocess.run(
-        [str(dest / "bin" / "python"), "-m", "pip", "install", "--quiet", f"{wheel}{extras}"],
-        capture_output=True,
-        text=True,
-        timeout=PIP_TIMEOUT_S,
-        env=clean_env(),
-    )
-    if done.returncode != 0:
-        raise RuntimeError(f"pip install {wheel.name}{extras} failed: {done.stderr[-3000:]}")
-    return dest
-
-
-def clean_env(**extra: str) -> dict[str, str]:
-    """This environment without what would point a virtualenv's Python at the checkout or its settings."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("INFERWATCH_", "PYTHON", "VIRTUAL_ENV"))}
-    return {**env, **extra}
 
 
 def site_packages(env_dir: Path) -> Path:
@@ -129,12 +93,6 @@ def rss_bytes(pid: int) -> int:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) * 1024
     raise RuntimeError(f"no VmRSS for process {pid}")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @contextlib.contextmanager
@@ -214,7 +172,7 @@ def measure(installs: list[str], idle: float) -> list[Measured]:
             engine_url = f"http://127.0.0.1:{sim_port}"
             procs.wait_http("sim", engine_url + "/metrics")
             for name in installs:
-                env_dir = install(wheel, INSTALLS[name], base / name)
+                env_dir = install(wheel, INSTALLS[name], base / name, clean_env())
                 cwd = base / f"{name}-cwd"
                 cwd.mkdir()
                 rss: dict[str, int] = {}

@@ -26,7 +26,7 @@ from inferwatch.collector.incidents.notify import NotifyConfig, parse_notify_con
 from inferwatch.collector.incidents.outbox import DEAD, DELIVERED, Dispatcher, fan_out
 from inferwatch.collector.store import db
 from inferwatch.collector.store.tables import DELIVERIES_TABLE, INCIDENT_EVENTS_TABLE, INCIDENTS_TABLE
-from tests.conftest import free_port, postgres_schema
+from tests.conftest import free_port
 from tests.support.notify_outbox import (
     T0,
     TOKEN,
@@ -42,17 +42,9 @@ from tests.support.notify_outbox import (
     one_delivery,
     sink_server,
 )
+from tests.support.store_fixtures import db_url_fixture  # noqa: F401 (fixture)
 
 # --- the database ----------------------------------------------------------------------------------------------------
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    if request.param == "sqlite":
-        yield db.default_url(tmp_path / "data")
-        return
-    with postgres_schema("iw_outbox") as url:
-        yield url
 
 
 @pytest.fixture

@@ -14,9 +14,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
-import venv
 import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -30,8 +28,8 @@ from inferwatch.core import vocabulary as V
 from tests.conftest import ENGINE_FIXTURES, ROOT, free_port
 from tests.helpers import has, value
 from tests.support.stack import Processes, simulator_cmd
+from tests.support.wheelenv import WheelError, build_wheel, clean_env, install
 
-PIP_TIMEOUT_S = 600
 HEAVY = ("sqlalchemy", "alembic", "numpy", "psycopg", "fastapi", "starlette", "uvicorn", "grpc", "grafanalib")
 """Libraries of the collector, the simulators and the generators: none may come with a sidecar's extra."""
 EXPORTER_MAX_MB = 60.0
@@ -85,36 +83,26 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The wheel of this checkout, built once for every install of the session."""
     dist = tmp_path_factory.mktemp("dist")
     assert ROOT not in dist.parents, "the temporary directory must be outside the checkout"
-    build = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--wheel-dir", str(dist), str(ROOT)],
-        capture_output=True,
-        text=True,
-        timeout=PIP_TIMEOUT_S,
-    )
-    if build.returncode != 0:
-        _unavailable(f"cannot build the wheel (is the package index reachable?): {build.stderr[-2000:]}")
-    return next(dist.glob("inferwatch-*.whl"))
+    try:
+        return build_wheel(dist)
+    except WheelError as exc:
+        _unavailable(str(exc))
+        raise
 
 
 def _install(wheel: Path, base: Path, extras: str) -> Installed:
     """A fresh virtualenv under ``base`` holding ``wheel`` with ``extras`` (``[all]``, ``[exporter]``, ...)."""
     assert ROOT not in base.parents, "the temporary directory must be outside the checkout"
     env_dir = base / "venv"
-    venv.create(env_dir, with_pip=True)
     cwd, home = base / "work", base / "home"
     cwd.mkdir()
     home.mkdir()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("INFERWATCH_", "XDG_", "PYTHON", "VIRTUAL_ENV"))}
-    env.update({"HOME": str(home), "PATH": f"{env_dir / 'bin'}{os.pathsep}{env.get('PATH', '')}", "COLUMNS": "80"})
-    install = subprocess.run(
-        [str(env_dir / "bin" / "python"), "-m", "pip", "install", "--quiet", f"{wheel}{extras}"],
-        capture_output=True,
-        text=True,
-        timeout=PIP_TIMEOUT_S,
-        env=env,
-    )
-    if install.returncode != 0:
-        _unavailable(f"cannot install the wheel{extras}'s dependencies: {install.stderr[-2000:]}")
+    env = clean_env(HOME=str(home), COLUMNS="80")
+    env["PATH"] = f"{env_dir / 'bin'}{os.pathsep}{env.get('PATH', '')}"
+    try:
+        install(wheel, extras, env_dir, env)
+    except WheelError as exc:
+        _unavailable(str(exc))
     return Installed(wheel, env_dir, cwd, home, env)
 
 

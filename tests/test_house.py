@@ -37,8 +37,9 @@ ONE_PER_COMPONENT = {
 }
 """Base names shared on purpose: the same kind of module, once in each component that has one."""
 
-SIMULATOR_PARTS = ("api", "metrics", "spans")
-"""The modules of each simulated engine's package (simulator/engines/<engine>/)."""
+SIMULATOR_PARTS = ("api", "metrics", "spans", "protocol")
+"""The modules of each simulated engine's package (simulator/engines/<engine>/); ``protocol`` holds the
+engine's request and response shapes where its API needs more than ``api.py`` (TGI, llama.cpp)."""
 
 
 def _modules() -> list[Path]:

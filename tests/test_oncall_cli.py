@@ -71,7 +71,7 @@ def test_capacity_from_config_json_as_json(tmp_path: Path) -> None:
         (["capacity", "--layers", "2", "--kv-heads", "2", "--head-dim", "32", "--gpu-memory", "lots"], "--gpu-memory"),
         (["checklist"], "give --launch"),
         (["checklist", "--launch", "vllm serve m --max-num-seqs many"], "--max-num-seqs: expected an integer"),
-        (["checklist", "--launch", "llama-server -m x.gguf"], "cannot tell which engine"),
+        (["checklist", "--launch", "ollama serve"], "cannot tell which engine"),
         (["diagnose"], "no Prometheus URL and no exporter URL"),
         (["diagnose", "--exporter", "localhost:9400"], "exporter URL must be"),
         (["diagnose", "--prometheus", "localhost:9090"], "--prometheus must be an http"),

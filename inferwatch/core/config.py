@@ -13,7 +13,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from inferwatch.core import vocabulary as V
 
-SimEngine = Literal["vllm", "tgi", "trtllm", "triton"]
+SimEngine = Literal["vllm", "tgi", "trtllm", "triton", "sglang", "llamacpp"]
 
 
 class ConfigError(ValueError):

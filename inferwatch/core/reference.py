@@ -14,7 +14,9 @@ def markdown(vocabulary: V.Vocabulary) -> str:
         "",
         "Every series an inferwatch exporter serves carries `engine` "
         f"({', '.join(f'`{e}`' for e in V.ENGINES)}) and, for engine signals, `model`; "
-        "`dp_rank` where the engine reports per data-parallel-rank series. Counters end in `_total`.",
+        "`dp_rank` where the engine reports per data-parallel-rank series; `role` "
+        f"({', '.join(f'`{r}`' for r in V.ROLES)}) where it reports its side of prefill/decode "
+        "disaggregation. Counters end in `_total`.",
         "",
         "| name | type | unit | extra labels | OpenTelemetry | meaning |",
         "|---|---|---|---|---|---|",

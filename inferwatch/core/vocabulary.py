@@ -65,7 +65,7 @@ class MetricSpec:
     unit: str
     help: str
     labels: tuple[str, ...] = ()
-    """Labels beyond the common ``engine``/``model``/``dp_rank``."""
+    """Labels beyond the common ``engine``/``model``/``dp_rank``/``role``."""
     otel_name: str | None = None
     buckets: tuple[float, ...] = ()
     aggregation: Aggregation = Aggregation.SUM

@@ -25,6 +25,8 @@ __all__ = [
     "BUCKETS_TPOT",
     "BUCKETS_TTFT",
     "ENGINES",
+    "ENGINE_LLAMACPP",
+    "ENGINE_SGLANG",
     "ENGINE_TGI",
     "ENGINE_TRITON",
     "ENGINE_TRTLLM",
@@ -46,6 +48,7 @@ __all__ = [
     "LABEL_OUTCOME",
     "LABEL_PREFIX_CACHING",
     "LABEL_REASON",
+    "LABEL_ROLE",
     "LABEL_TARGET",
     "LONG_WINDOW_LABEL",
     "OUTCOMES",
@@ -54,6 +57,10 @@ __all__ = [
     "OUTCOME_LENGTH",
     "OUTCOME_STOP",
     "PROXY_SERVICE",
+    "ROLES",
+    "ROLE_DECODE",
+    "ROLE_PREFILL",
+    "ROLE_UNIFIED",
     "SATURATION_ALERTS",
     "SCRAPE_ERROR_BODY_TOO_LARGE",
     "SCRAPE_ERROR_DUPLICATE_SERIES",
@@ -96,6 +103,8 @@ __all__ = [
 LABEL_ENGINE: Final = "engine"
 LABEL_MODEL: Final = "model"
 LABEL_DP_RANK: Final = "dp_rank"
+LABEL_ROLE: Final = "role"
+"""The serving role of an instance in prefill/decode disaggregation (SGLang's ``engine_type``)."""
 LABEL_OUTCOME: Final = "outcome"
 LABEL_METRIC: Final = "metric"
 LABEL_TARGET: Final = "target"
@@ -124,6 +133,7 @@ LABEL_ORDER: Final[tuple[str, ...]] = (
     LABEL_ENGINE,
     LABEL_MODEL,
     LABEL_DP_RANK,
+    LABEL_ROLE,
     LABEL_OUTCOME,
     LABEL_METRIC,
     LABEL_TARGET,
@@ -137,13 +147,27 @@ ENGINE_VLLM: Final = "vllm"
 ENGINE_TGI: Final = "tgi"
 ENGINE_TRTLLM: Final = "trtllm"
 ENGINE_TRITON: Final = "triton"
-ENGINES: Final[tuple[str, ...]] = (ENGINE_VLLM, ENGINE_TGI, ENGINE_TRTLLM, ENGINE_TRITON)
+ENGINE_SGLANG: Final = "sglang"
+ENGINE_LLAMACPP: Final = "llamacpp"
+ENGINES: Final[tuple[str, ...]] = (
+    ENGINE_VLLM,
+    ENGINE_TGI,
+    ENGINE_TRTLLM,
+    ENGINE_TRITON,
+    ENGINE_SGLANG,
+    ENGINE_LLAMACPP,
+)
 
 OUTCOME_STOP: Final = "stop"
 OUTCOME_LENGTH: Final = "length"
 OUTCOME_ABORT: Final = "abort"
 OUTCOME_ERROR: Final = "error"
 OUTCOMES: Final[tuple[str, ...]] = (OUTCOME_STOP, OUTCOME_LENGTH, OUTCOME_ABORT, OUTCOME_ERROR)
+ROLE_UNIFIED: Final = "unified"
+ROLE_PREFILL: Final = "prefill"
+ROLE_DECODE: Final = "decode"
+ROLES: Final[tuple[str, ...]] = (ROLE_UNIFIED, ROLE_PREFILL, ROLE_DECODE)
+"""``role`` values: an instance serving whole requests, or one side of prefill/decode disaggregation."""
 
 # Why a scrape of an engine failed: the ``reason`` of EXPORTER_LAST_SCRAPE_ERROR.
 SCRAPE_ERROR_TIMEOUT: Final = "timeout"

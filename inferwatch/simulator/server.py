@@ -22,7 +22,7 @@ from inferwatch.simulator.scheduler import EngineParams
 Factory = Callable[[SimulatedEngine], tuple[FastAPI, Any]]
 
 
-ENGINES = ("vllm", "tgi", "trtllm", "triton")
+ENGINES = ("vllm", "tgi", "trtllm", "triton", "sglang", "llamacpp")
 """The simulated engines, registered explicitly: each is the package ``simulator/engines/<name>/`` with ``create``."""
 
 
@@ -36,7 +36,7 @@ def engine_factory(name: str) -> Factory:
 
 def default_params(engine: str) -> EngineParams:
     """Capacity of a simulated engine: about 16k KV tokens, in the engine's usual block size."""
-    block = {"vllm": 16, "tgi": 16, "trtllm": 32, "triton": 64}.get(engine, 16)
+    block = {"vllm": 16, "tgi": 16, "trtllm": 32, "triton": 64, "sglang": 1, "llamacpp": 1}.get(engine, 16)
     return EngineParams(block_size=block, num_blocks=16384 // block)
 
 

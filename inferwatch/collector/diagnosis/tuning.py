@@ -94,7 +94,9 @@ def _batching(ctx: Context) -> Result:
     if ctx.profile is not None and Knob.CONTINUOUS_BATCHING in ctx.profile.always_on:
         return Verdict.PASS, [f"{ctx.profile.title}: {ctx.profile.always_on[Knob.CONTINUOUS_BATCHING]}"], None
     setting = ctx.launch.get(Knob.CONTINUOUS_BATCHING) if ctx.launch else None
-    if setting is not None and isinstance(setting.value, str):
+    if setting is not None and isinstance(setting.value, bool):  # a switch (llama.cpp --cont-batching)
+        return (Verdict.PASS if setting.value else Verdict.FAIL), [_setting_text(setting)], None
+    if setting is not None and isinstance(setting.value, str):  # a batching mode (TensorRT-LLM's)
         ok = setting.value.lower().startswith("inflight")
         return (Verdict.PASS if ok else Verdict.FAIL), [_setting_text(setting)], None
     return Verdict.UNKNOWN, ["the batching mode is not exposed; give the launch line"], None
@@ -109,6 +111,8 @@ def _prefix(ctx: Context) -> Result:
             [f"{V.LABEL_PREFIX_CACHING}={info} ({ctx.target.info_query})"],
             None,
         )
+    if ctx.profile is not None and Knob.PREFIX_CACHING in ctx.profile.always_on:
+        return Verdict.PASS, [f"{ctx.profile.title}: {ctx.profile.always_on[Knob.PREFIX_CACHING]}"], None
     setting = ctx.launch.get(Knob.PREFIX_CACHING) if ctx.launch else None
     if setting is not None and isinstance(setting.value, bool):
         return (Verdict.PASS if setting.value else Verdict.FAIL), [_setting_text(setting)], None

@@ -230,9 +230,10 @@ def test_the_requests_dashboard_counts_the_engine_side() -> None:
 
 def test_no_prometheus_query_adds_the_proxy_to_the_engine() -> None:
     """The proxy's metrics have names of their own (``llm_client_*``), never the engine's: a query adds the two
-    sides only if it names both. Two queries name both, neither adds them: the Engine dashboard's gap (client
-    minus engine) and the diagnosis's abort share (the client's share, spread over the engine's targets by
-    ``0 * ...``, or else the engine's own)."""
+    sides only if it names both. The queries that name both add neither: the Engine dashboard's gap (client
+    minus engine), the diagnosis's abort share (the client's share, spread over the engine's targets by
+    ``0 * ...``, or else the engine's own) and its latency, rate and error signals (the engine's own, or else
+    the client's where the engine measures none, spread the same way)."""
     from inferwatch.collector.diagnosis.prometheus import fleet_queries
     from inferwatch.collector.diagnosis.signals import Filters
     from inferwatch.core.slo import load
@@ -258,9 +259,11 @@ def test_no_prometheus_query_adds_the_proxy_to_the_engine() -> None:
                 both[(uid, title)] = expr
     gap = next(e for (uid, _), e in both.items() if uid != "diagnosis")
     assert ") - sum by" in gap
-    (abort,) = (e for (uid, _), e in both.items() if uid == "diagnosis")
-    assert "group_right () (0 * sum" in abort and ") or (" in abort
-    assert len(both) == 2, sorted(both)
+    diagnosis = {title: e for (uid, title), e in both.items() if uid == "diagnosis"}
+    # each is one side or else the other (``or``), the proxy's spread over the engine's targets by ``0 * ...``
+    assert {"abort_ratio", "ttft_p99", "tpot_p99", "e2e_p99", "request_rate", "error_ratio"} <= diagnosis.keys()
+    assert all(") or " in e and "group_right () (0 * " in e for e in diagnosis.values()), diagnosis
+    assert len(both) == len(diagnosis) + 1, sorted(both)
 
 
 def test_upgrading_folds_every_row_again_by_service(tmp_path: Path) -> None:

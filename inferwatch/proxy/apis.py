@@ -10,14 +10,37 @@ code (:mod:`~inferwatch.proxy.server`, :mod:`~inferwatch.proxy.measure`) reads o
 Sources: the engines' HTTP API facts in vllm.md, tgi.md and trtllm.md (the shared reference) and the
 simulated engines' routes, which follow them (OpenAI ``choices[].delta.content``/``text``, ``usage``
 and ``finish_reason``; TGI's ``token``/``details`` events with ``data:`` and no space; Triton's
-generate extension with one ``text_output`` per response).
+generate extension with one ``text_output`` per response). SGLang and llama.cpp's server, read in their
+sources:
+
+- sgl-project/sglang ``python/sglang/srt/entrypoints/http_server.py`` at
+  44cedc2b9c7dd31d9acae4498ea4fa0d3665feed (``POST``/``PUT /generate``: ``data: <json>`` events then
+  ``data: [DONE]``, ``{"error": {"message"}}`` in the stream and with 400 outside it; ``/health``;
+  ``/v1/models`` listing LoRA adapters with a ``parent``; the warm-up request's ``text``/``input_ids``
+  and ``sampling_params.max_new_tokens``), ``python/sglang/srt/managers/tokenizer_manager.py`` at
+  001067fffe33427bee0ed2f007fb7551a1d76b44 (the nearest stored version: ``meta_info`` with ``id``,
+  ``finish_reason`` (``null`` until the end), ``prompt_tokens``, ``completion_tokens``,
+  ``cached_tokens``, cumulative; ``text`` cumulative per event unless the server runs
+  ``--incremental-streaming-output``; queued outputs coalesced into one event, so one event may carry
+  several tokens) and ``python/sglang/srt/managers/schedule_batch.py`` at
+  fd3907ee4618e96b73ee94d9a836db78efb5d046 (``finish_reason`` ``{"type": "stop"|"length"|"abort", ...}``,
+  an abort with its ``message``);
+- ggml-org/llama.cpp ``tools/server/server.cpp`` at aa6192d38defc9a5d9fb2987413f71b18f214270 (routes
+  ``/completion`` and ``/completions`` native, ``/v1/completions``, ``/chat/completions`` and
+  ``/v1/chat/completions`` OpenAI, ``/health``, ``/v1/models``, ``/props``; native streams end without
+  ``[DONE]``, errors as ``{"error": {...}}``, an array for several prompts) and
+  ``tools/server/server-task.cpp`` at the same commit (partial events ``{"content", "tokens", "stop":
+  false, "tokens_predicted", "tokens_evaluated"}``, the final one ``"stop": true`` with ``stop_type``
+  ``eos``/``word``/``limit``/``none``, ``tokens_predicted``, ``tokens_evaluated``, ``timings`` and an
+  empty ``content`` when streamed; the request's ``n_predict``, else ``max_tokens``; ``model`` in a
+  request only echoed back).
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
 from inferwatch.core import vocabulary as V
@@ -283,6 +306,148 @@ TRITON_GENERATE_STREAM: Final = Api(
 )  # fmt: skip
 
 
+# -- SGLang: /generate ---------------------------------------------------------------------------------
+SGLANG_FINISH: Final = {"length": V.OUTCOME_LENGTH}
+"""``finish_reason.type``: ``stop`` (a stop token, string or regex) and ``length``; ``abort`` is an error."""
+
+
+def _sglang_ask(body: Any, match: re.Match[str]) -> Ask:
+    b = _dict(body)
+    params = _dict(b.get("sampling_params"))
+    return Ask(
+        adapter=_str(b.get("lora_path")),
+        stream=b.get("stream") is True,
+        max_tokens=_int(params.get("max_new_tokens")),
+    )
+
+
+def _sglang_item(r: Reading, o: dict[str, Any]) -> None:
+    """One output (``text`` or ``output_ids``, ``meta_info``) added to ``r``."""
+    meta = _dict(o.get("meta_info"))
+    if o.get("text") or o.get("output_ids"):
+        r.content += 1
+        r.tokens += 1
+    r.response_id = r.response_id or _str(meta.get("id"))
+    for attr in ("prompt_tokens", "completion_tokens"):
+        value = _int(meta.get(attr))
+        if value is not None:
+            setattr(r, attr, (getattr(r, attr) or 0) + value)
+    reason = _dict(meta.get("finish_reason"))
+    kind = _str(reason.get("type"))
+    if kind is not None:
+        r.finish_reasons.append(kind)
+        r.final = True
+        if kind == "abort":
+            r.error = r.error or str(reason.get("message") or "aborted")
+    r.error = r.error or _error_text(o.get("error"))
+
+
+def sglang_event(obj: Any) -> Reading:
+    """``{"text": <the text so far>, "output_ids", "meta_info": {"id", "finish_reason", "prompt_tokens",
+    "completion_tokens", ...}}``: the text is cumulative, so an event counts once whatever it adds, and the
+    usage is the running total (the last event's is exact)."""
+    r = Reading()
+    _sglang_item(r, _dict(obj))
+    return r
+
+
+def sglang_body(obj: Any, headers: Mapping[str, str]) -> Reading:
+    """One output, or a list of them for a batch (``text`` a list): usage summed over the list."""
+    r = Reading()
+    for item in obj if isinstance(obj, list) else [obj]:
+        _sglang_item(r, _dict(item))
+    return r
+
+
+SGLANG_GENERATE: Final = Api(
+    "sglang-generate", re.compile(r"/generate"), "text_completion", _sglang_ask, sglang_event, sglang_body,
+    SGLANG_FINISH,
+)  # fmt: skip
+
+
+# -- llama.cpp's server: /completion and /completions ---------------------------------------------------
+LLAMACPP_FINISH: Final = {"limit": V.OUTCOME_LENGTH}
+"""``stop_type``: ``eos`` and ``word`` are stops, ``limit`` the budget (``n_predict`` or the context)."""
+
+
+def _llamacpp_ask(body: Any, match: re.Match[str]) -> Ask:
+    b = _dict(body)
+    budget = _int(b.get("n_predict"))
+    if budget is None:
+        budget = _int(b.get("max_tokens"))
+    return Ask(stream=b.get("stream") is True, max_tokens=budget if budget is not None and budget >= 0 else None)
+
+
+def _llamacpp_item(r: Reading, o: dict[str, Any]) -> None:
+    tokens = o.get("tokens")
+    if o.get("content"):
+        r.content += 1
+        r.tokens += len(tokens) if isinstance(tokens, list) and tokens else 1
+    elif isinstance(tokens, list):
+        r.tokens += len(tokens)
+    for attr, key in (("prompt_tokens", "tokens_evaluated"), ("completion_tokens", "tokens_predicted")):
+        value = _int(o.get(key))
+        if value is not None:
+            setattr(r, attr, (getattr(r, attr) or 0) + value)
+    if o.get("stop") is True:
+        r.final = True
+        r.finish_reasons.append(_str(o.get("stop_type")) or "none")
+    r.error = r.error or _error_text(o.get("error"))
+
+
+def llamacpp_event(obj: Any) -> Reading:
+    """A partial ``{"content", "tokens", "stop": false, "tokens_predicted", "tokens_evaluated"}`` (the counts
+    running totals), or the final ``{"content": "", "stop": true, "stop_type", "tokens_predicted", ...}``:
+    the stream's end, as it sends no ``[DONE]``."""
+    r = Reading()
+    _llamacpp_item(r, _dict(obj))
+    return r
+
+
+def llamacpp_body(obj: Any, headers: Mapping[str, str]) -> Reading:
+    """The final result, or an array of them for several prompts (usage summed)."""
+    r = Reading()
+    for item in obj if isinstance(obj, list) else [obj]:
+        _llamacpp_item(r, _dict(item))
+    return r
+
+
+def _served_model_only(body: Any, match: re.Match[str]) -> Ask:
+    """llama.cpp's server serves one model and only echoes a request's ``model`` back: the proxy labels its
+    requests with the model ``/v1/models`` names, as the engine's metrics are."""
+    return replace(openai_ask(body, match), model=None)
+
+
+LLAMACPP_COMPLETION: Final = Api(
+    "llamacpp-completion", re.compile(r"/completions?"), "text_completion", _llamacpp_ask, llamacpp_event,
+    llamacpp_body, LLAMACPP_FINISH,
+)  # fmt: skip
+LLAMACPP_OPENAI_COMPLETIONS: Final = replace(OPENAI_COMPLETIONS, ask=_served_model_only)
+LLAMACPP_OPENAI_CHAT: Final = replace(
+    OPENAI_CHAT, pattern=re.compile(r"(?:/v1)?/chat/completions"), ask=_served_model_only
+)
+
+
+# -- /generate without --engine: TGI's or SGLang's, told apart by the body -------------------------------
+def _generate_ask(body: Any, match: re.Match[str]) -> Ask:
+    b = _dict(body)
+    return _tgi_ask(b, False) if "inputs" in b else _sglang_ask(b, match)
+
+
+def _sglang_shaped(obj: Any) -> bool:
+    first = obj[0] if isinstance(obj, list) and obj else obj
+    return isinstance(first, dict) and "meta_info" in first
+
+
+ANY_GENERATE: Final = Api(
+    "generate", re.compile(r"/generate"), "text_completion", _generate_ask,
+    lambda o: sglang_event(o) if _sglang_shaped(o) else tgi_event(o),
+    lambda o, h: sglang_body(o, h) if _sglang_shaped(o) else tgi_body(o, h),
+    {**TGI_FINISH, **SGLANG_FINISH},
+)  # fmt: skip
+"""TGI's ``/generate`` (never streamed) and SGLang's share a path: the events say which answered."""
+
+
 # -- the engines ------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class EngineApis:
@@ -307,11 +472,12 @@ class Upstream:
 ALL_APIS: Final = (
     OPENAI_COMPLETIONS,
     OPENAI_CHAT,
-    TGI_GENERATE,
+    ANY_GENERATE,
     TGI_GENERATE_STREAM,
     TGI_COMPAT,
     TRITON_GENERATE,
     TRITON_GENERATE_STREAM,
+    LLAMACPP_COMPLETION,
 )
 ENGINE_APIS: Final[dict[str, EngineApis]] = {
     V.ENGINE_VLLM: EngineApis((OPENAI_COMPLETIONS, OPENAI_CHAT)),
@@ -322,13 +488,18 @@ ENGINE_APIS: Final[dict[str, EngineApis]] = {
         placeholder_models=frozenset({"tgi"}),
     ),
     V.ENGINE_TRITON: EngineApis((TRITON_GENERATE, TRITON_GENERATE_STREAM)),
+    V.ENGINE_SGLANG: EngineApis((OPENAI_COMPLETIONS, OPENAI_CHAT, SGLANG_GENERATE)),
+    V.ENGINE_LLAMACPP: EngineApis((LLAMACPP_OPENAI_COMPLETIONS, LLAMACPP_OPENAI_CHAT, LLAMACPP_COMPLETION)),
 }
-"""Without ``--engine``: every shape (their paths do not collide), ``model`` taken as the model."""
+"""Without ``--engine``: every shape (``/generate``, TGI's and SGLang's, read by its body), ``model`` taken
+as the model."""
 ENGINE_UPSTREAM: Final[dict[str, Upstream]] = {
     V.ENGINE_VLLM: Upstream(health="/health", models="/v1/models"),
     V.ENGINE_TRTLLM: Upstream(health="/health", models="/v1/models"),
     V.ENGINE_TGI: Upstream(health="/health", models="/info"),
     V.ENGINE_TRITON: Upstream(health="/v2/health/ready"),
+    V.ENGINE_SGLANG: Upstream(health="/health", models="/v1/models"),
+    V.ENGINE_LLAMACPP: Upstream(health="/health", models="/v1/models"),
 }
 
 

@@ -6,7 +6,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from inferwatch.collector.diagnosis.report import Diagnosis, Evidence, Finding, TargetStatus
-from inferwatch.collector.diagnosis.signals import Fleet, TargetSignals
+from inferwatch.collector.diagnosis.signals import PROXY, Fleet, Observation, TargetSignals
+from inferwatch.core import vocabulary as V
 from inferwatch.core.engines.profile import EngineProfile
 from inferwatch.core.symptoms import (
     CATALOGUE,
@@ -48,6 +49,14 @@ def _fmt(value: float, unit: str) -> str:
     return f"{value:.3g} {unit}".strip()
 
 
+AT_PROXY = " (measured by inferwatch proxy, as its clients see it: the engine does not export it)"
+"""appended to a signal the proxy measured in the engine's place."""
+
+
+def _described(signal: Signal, obs: Observation) -> str:
+    return SIGNALS[signal].description + (AT_PROXY if obs.measured_at == PROXY else "")
+
+
 def _evidence(target: TargetSignals, signal: Signal, condition: str | None) -> Evidence | None:
     obs = target.get(signal)
     if obs is None:
@@ -55,7 +64,7 @@ def _evidence(target: TargetSignals, signal: Signal, condition: str | None) -> E
     spec = SIGNALS[signal]
     return Evidence(
         signal=signal.value,
-        description=spec.description,
+        description=_described(signal, obs),
         value=obs.value,
         unit=spec.unit,
         threshold=condition,
@@ -96,7 +105,10 @@ def _unknown_reason(spec: SymptomSpec, target: TargetSignals, profile: EnginePro
             continue
         for metric in SIGNALS[signal].metrics:
             if profile is not None and metric.key in profile.unsupported:
-                return profile.unsupported[metric.key]
+                reason = profile.unsupported[metric.key]
+                if metric.key in V.CLIENT_COUNTERPARTS:
+                    reason += "; no inferwatch proxy in front of it measured it either"
+                return reason
         if signal is Signal.MAX_CONCURRENCY:
             return "the engine does not reveal its concurrency limit (max_concurrency of its info series)"
         return f"no data in the window for {SIGNALS[signal].description}"
@@ -120,7 +132,7 @@ def _summary(spec: SymptomSpec, threshold: Threshold, status: Status, target: Ta
     unit = SIGNALS[threshold.signal].unit
     limit = threshold.critical if status is Status.CRITICAL else threshold.warning
     text = f"{spec.title}: {SIGNALS[threshold.signal].description} {_fmt(obs.value, unit)} > {_fmt(limit, unit)}"
-    return text + note
+    return text + (AT_PROXY if obs.measured_at == PROXY else "") + note
 
 
 def diagnose(

@@ -3,6 +3,15 @@
 Every query aggregates ``by (engine, model, instance)``, so one query answers for every target
 and the number of queries (:func:`fleet_queries`) does not grow with the number of targets. Each
 signal keeps its exact PromQL as evidence, to paste into Grafana or the Prometheus UI.
+
+Where an engine exports no such signal (its profile's ``unsupported``: a time to first token, a time
+per output token, an end-to-end latency, finished requests by outcome), the query falls back on what
+inferwatch proxy measured for that engine and model (the signal's counterpart in
+``V.CLIENT_COUNTERPARTS``): ``<engine's> or on (engine, model, instance) <proxy's>``, the proxy's value
+put on every target of that engine and model and marked with a ``measured_at="proxy"`` label, so the
+finding says which side measured it. The engine's own value wins wherever it has one. The proxy's request
+rate is shared evenly among the targets of its engine and model (it cannot tell which replica served a
+request); its shares and quantiles hold for each of them.
 """
 
 from __future__ import annotations
@@ -14,9 +23,18 @@ from collections.abc import Mapping
 
 import httpx
 
-from inferwatch.collector.diagnosis.signals import Filters, Fleet, Observation, TargetKey, UpstreamError
+from inferwatch.collector.diagnosis.signals import (
+    ENGINE,
+    PROXY,
+    Filters,
+    Fleet,
+    Observation,
+    TargetKey,
+    UpstreamError,
+)
 from inferwatch.core import vocabulary as V
-from inferwatch.core.symptoms import Signal
+from inferwatch.core.slo import MeasuredAt
+from inferwatch.core.symptoms import SIGNALS, Signal
 
 INSTANCE = "instance"
 BY: tuple[str, ...] = (V.LABEL_ENGINE, V.LABEL_MODEL, INSTANCE)
@@ -24,6 +42,10 @@ TARGETS_QUERY = "targets"
 INFO_QUERY = "info"
 SPEC_DECODE_QUERY = "spec_decode"
 P99 = 0.99
+MEASURED_AT = "measured_at"
+"""the label the fallback puts on the proxy's values (never on an engine's series)."""
+PROXIED_QUANTILES: tuple[Signal, ...] = (Signal.E2E_P99, Signal.TTFT_P99, Signal.TPOT_P99)
+"""P99 signals the proxy measures too: the engine's histogram, else the proxy's counterpart."""
 
 _DURATION = re.compile(r"^(\d+)(s|m|h|d|w)$")
 _SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -98,15 +120,55 @@ def fleet_queries(window: str, filters: Filters) -> dict[str, str]:
         )
         return f"{proxied} or {share(outcome)}"
 
+    def on_targets(by_engine_model: str) -> str:
+        """A value per (engine, model) put on every target of that engine and model (the targets' labels),
+        marked as the proxy's."""
+        targets = f"(0 * max {by} (last_over_time({V.REQUESTS_RUNNING.name}{sel}{w})))"
+        spread = f"({by_engine_model} + on ({V.LABEL_ENGINE}, {V.LABEL_MODEL}) group_right () {targets})"
+        return f'label_replace({spread}, "{MEASURED_AT}", "{PROXY}", "{V.LABEL_ENGINE}", ".*")'
+
+    def or_proxy(engine_side: str, proxy_side: str) -> str:
+        return f"({engine_side}) or on ({', '.join(BY)}) {on_targets(proxy_side)}"
+
+    client_filters = Filters(filters.engine, filters.model)  # the proxy's instance is not the exporter's
+    client_sel = selector(client_filters)
+    em = _by((V.LABEL_ENGINE, V.LABEL_MODEL))
+
+    def client_p99(spec: V.MetricSpec) -> str:
+        return (
+            f"histogram_quantile({P99}, sum {_by((V.LABEL_ENGINE, V.LABEL_MODEL, V.LABEL_LE))} "
+            f"(rate({spec.name}_bucket{client_sel}{w})))"
+        )
+
+    def client_error_share() -> str:
+        client = V.CLIENT_COUNTERPARTS[V.REQUESTS.key].name
+        total = f"sum {em} (rate({client}{client_sel}{w}))"
+        errors = selector(client_filters, {V.LABEL_OUTCOME: V.OUTCOME_ERROR})
+        part = f"sum {em} (rate({client}{errors}{w}))"
+        return f"(({part} or {total} * 0) / {total})"
+
+    def client_rate_per_target() -> str:
+        """The proxy's finished requests per second for the engine and model, shared evenly among its targets
+        (the proxy cannot tell which replica served a request)."""
+        client = V.CLIENT_COUNTERPARTS[V.REQUESTS.key].name
+        replicas = f"count {em} (max {by} (last_over_time({V.REQUESTS_RUNNING.name}{sel}{w})))"
+        return f"(sum {em} (rate({client}{client_sel}{w})) / {replicas})"
+
+    proxied = {
+        signal: or_proxy(
+            p99(SIGNALS[signal].metrics[0]), client_p99(V.CLIENT_COUNTERPARTS[SIGNALS[signal].metrics[0].key])
+        )
+        for signal in PROXIED_QUANTILES
+    }
     info_labels = (*BY, *V.INFO_LABELS)
     return {
         TARGETS_QUERY: f"max {by} (last_over_time({V.REQUESTS_RUNNING.name}{sel}{w}))",
         INFO_QUERY: f"max {_by(info_labels)} (last_over_time({V.ENGINE_INFO.name}{sel}{w}))",
         SPEC_DECODE_QUERY: f"sum {by} (last_over_time({V.SPEC_DECODE_DRAFT_TOKENS.name}{sel}{w}))",
-        Signal.REQUEST_RATE: rate(V.REQUESTS.name),
-        Signal.ERROR_RATIO: share(V.OUTCOME_ERROR),
+        Signal.REQUEST_RATE: or_proxy(rate(V.REQUESTS.name), client_rate_per_target()),
+        Signal.ERROR_RATIO: or_proxy(share(V.OUTCOME_ERROR), client_error_share()),
         Signal.ABORT_RATIO: client_share(V.OUTCOME_ABORT),
-        Signal.E2E_P99: p99(V.REQUEST_DURATION),
+        Signal.E2E_P99: proxied[Signal.E2E_P99],
         Signal.QUEUE_P99: p99(V.REQUEST_QUEUE),
         Signal.QUEUE_SHARE: f"{mean(V.REQUEST_QUEUE)} / {mean(V.REQUEST_DURATION)}",
         Signal.WAITING: f"sum {by} (avg_over_time({V.REQUESTS_WAITING.name}{sel}{w}))",
@@ -115,12 +177,12 @@ def fleet_queries(window: str, filters: Filters) -> dict[str, str]:
         Signal.KV_CAPACITY: f"sum {by} (max_over_time({V.KV_CACHE_CAPACITY.name}{sel}{w}))",
         Signal.PREEMPTION_RATE: rate(V.PREEMPTIONS.name),
         Signal.PREEMPTIONS_PER_REQUEST: f"{increase(V.PREEMPTIONS.name)} / clamp_min({increase(V.REQUESTS.name)}, 1)",
-        Signal.TTFT_P99: p99(V.TIME_TO_FIRST_TOKEN),
+        Signal.TTFT_P99: proxied[Signal.TTFT_P99],
         Signal.TTFT_QUEUE_SHARE: f"{mean(V.REQUEST_QUEUE)} / {mean(V.TIME_TO_FIRST_TOKEN)}",
         Signal.PREFILL_P99: p99(V.REQUEST_PREFILL),
         Signal.PROMPT_TOKENS_MEAN: f"{rate(V.PROMPT_TOKENS.name)} / {rate(V.REQUESTS.name)}",
         Signal.PREFILL_DECODE_RATIO: f"{rate(V.PROMPT_TOKENS.name)} / {rate(V.GENERATION_TOKENS.name)}",
-        Signal.TPOT_P99: p99(V.TIME_PER_OUTPUT_TOKEN),
+        Signal.TPOT_P99: proxied[Signal.TPOT_P99],
         Signal.GENERATION_RATE: rate(V.GENERATION_TOKENS.name),
     }
 
@@ -178,6 +240,10 @@ def _labels(item: Mapping[str, object]) -> dict[str, str]:
     return {str(k): str(v) for k, v in metric.items()} if isinstance(metric, dict) else {}
 
 
+def _side(labels: Mapping[str, str]) -> MeasuredAt:
+    return PROXY if labels.get(MEASURED_AT) == PROXY else ENGINE
+
+
 async def read_fleet(
     client: httpx.AsyncClient,
     base_url: str,
@@ -220,9 +286,10 @@ async def read_fleet(
         if signal not in by_name:
             continue
         for item in by_name[signal]:
-            key = _key(_labels(item))
+            labels = _labels(item)
+            key = _key(labels)
             if key not in fleet.targets:
                 continue  # a signal of a target that has no running gauge: not an engine series
-            fleet.targets[key].put(signal, _value(item), queries[signal])
+            fleet.targets[key].put(signal, _value(item), queries[signal], _side(labels))
     fleet.targets = {k: v for k, v in fleet.targets.items() if filters.matches(k)}
     return fleet

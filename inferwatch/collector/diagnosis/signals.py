@@ -6,9 +6,12 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal
 
+from inferwatch.core.slo import MeasuredAt
 from inferwatch.core.symptoms import Signal
 
 Source = Literal["prometheus", "exporters"]
+ENGINE: MeasuredAt = "engine"
+PROXY: MeasuredAt = "proxy"
 
 
 class UpstreamError(RuntimeError):
@@ -34,6 +37,9 @@ class Observation:
     value: float
     query: str
     """the exact PromQL, or the exporter samples, the value came from."""
+    measured_at: MeasuredAt = ENGINE
+    """who measured it: the engine (its exporter), or inferwatch proxy in front of it where the engine
+    exports no such signal (its client-side counterpart, ``V.CLIENT_COUNTERPARTS``)."""
 
 
 @dataclass
@@ -49,9 +55,9 @@ class TargetSignals:
     def get(self, signal: Signal) -> Observation | None:
         return self.values.get(signal)
 
-    def put(self, signal: Signal, value: float, query: str) -> None:
+    def put(self, signal: Signal, value: float, query: str, measured_at: MeasuredAt = ENGINE) -> None:
         if math.isfinite(value):
-            self.values[signal] = Observation(value, query)
+            self.values[signal] = Observation(value, query, measured_at)
 
 
 @dataclass

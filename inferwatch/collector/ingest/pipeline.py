@@ -170,7 +170,9 @@ class Ingestor:
         with self._lock:
             if self._pool is pool:
                 self._pool = None
-        log.error("an ingest worker process died; starting new ones (this export is prepared in-process)")
+            closing = self._closed
+        if not closing:  # a pool shut down by close() refuses new work: no worker died
+            log.error("an ingest worker process died; starting new ones (this export is prepared in-process)")
         pool.shutdown(wait=False, cancel_futures=True)
 
     # --- the two stages ---

@@ -15,6 +15,7 @@ needs and nothing else.
 from __future__ import annotations
 
 import os
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -90,7 +91,13 @@ def _gone(pid: int) -> bool:
 def exit_with(collector_pid: int, interval: float = 0.5) -> None:
     """Worker initializer: end this worker when the collector process is gone. A collector killed without
     shutting its pool down (kill -9, an out-of-memory kill) would otherwise leave its workers waiting on
-    their queue for ever, and the fork server that started them with them (it lives while they do)."""
+    their queue for ever, and the fork server that started them with them (it lives while they do).
+
+    A worker ignores SIGTERM and SIGINT: they reach the whole process group (Ctrl-C in a terminal, a
+    supervisor stopping the collector's group), and a worker dying under the collector mid-export broke the
+    pool and started a new one during the collector's own shutdown. The collector stops its workers itself."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     def watch() -> None:
         while not _gone(collector_pid):

@@ -69,7 +69,7 @@ def test_a_failing_source_becomes_a_rejection(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr(vllm, "to_record", boom)
     batch = map_export(export(("vllm.tracing.otel", {}, [make_span("llm_request", vllm_attrs())])))
     assert batch.rejected == ["vllm: unexpected RuntimeError"] and batch.records == []
-    assert [s.NAME for s in sources.SOURCES] == ["vllm", "tgi", "trtllm", "genai"]
+    assert [s.NAME for s in sources.SOURCES] == ["vllm", "tgi", "trtllm", "sglang", "genai"]
 
 
 # -- helpers -------------------------------------------------------------------------------------------

@@ -66,6 +66,36 @@ def test_tgi_launcher_env_and_docker() -> None:
     assert admission is not None and admission.value == 64 and admission.source == "env MAX_CONCURRENT_REQUESTS"
 
 
+def test_llama_server_flags_env_and_docker() -> None:
+    cfg = parse_launch(
+        "llama-server -m model.gguf --parallel 4 --ctx-size 8192 -ngl 99 --cont-batching --cache-type-k q8_0 "
+        "--metrics --port 8080",
+        PROFILES,
+    )
+    assert cfg.engine == V.ENGINE_LLAMACPP and cfg.model == "model.gguf"
+    assert cfg.value(Knob.CONCURRENCY) == 4
+    assert cfg.value(Knob.MAX_CONTEXT) == 8192
+    assert cfg.value(Knob.GPU_MEMORY) == 99
+    assert cfg.value(Knob.CONTINUOUS_BATCHING) is True
+    assert cfg.value(Knob.KV_CACHE_DTYPE) == "q8_0"
+    assert "--port" in cfg.unknown
+    short = parse_launch("./llama-server -hf ggml-org/gemma-3-1b-it-GGUF -np 2 -c 4096 -nocb -ub 256", PROFILES)
+    assert short.engine == V.ENGINE_LLAMACPP and short.model == "ggml-org/gemma-3-1b-it-GGUF"
+    assert short.value(Knob.CONCURRENCY) == 2 and short.value(Knob.MAX_CONTEXT) == 4096
+    assert short.value(Knob.CONTINUOUS_BATCHING) is False
+    assert short.value(Knob.CHUNKED_PREFILL) == 256
+    batch = short.get(Knob.PREFILL_BUDGET)  # absent: llama-server's default logical batch
+    assert batch is not None and batch.value == 2048 and not batch.explicit
+    docker = parse_launch(
+        "docker run --gpus all -p 8080:8080 -v /models:/models -e LLAMA_ARG_N_PARALLEL=8 "
+        "ghcr.io/ggml-org/llama.cpp:server-cuda -m /models/qwen2.5-7b-instruct-q4_k_m.gguf -ngl 99 --metrics",
+        PROFILES,
+    )
+    assert docker.engine == V.ENGINE_LLAMACPP and docker.model == "/models/qwen2.5-7b-instruct-q4_k_m.gguf"
+    parallel = docker.get(Knob.CONCURRENCY)
+    assert parallel is not None and parallel.value == 8 and parallel.source == "env LLAMA_ARG_N_PARALLEL"
+
+
 def test_trtllm_serve_and_yaml_keys() -> None:
     cfg = parse_launch(
         "trtllm-serve nvidia/Llama-3.1-8B-Instruct-FP8 --max_batch_size 128 --tp_size 2 "
@@ -98,7 +128,7 @@ def test_triton_config_parameters_and_build_time_knobs() -> None:
         ("vllm serve m --speculative-config '[1]'", "--speculative-config: expected a JSON object"),
         ("vllm serve m --scheduling-policy lifo", "not one of fcfs, priority"),
         ("trtllm-serve m --kv_cache_dtype int3", "--kv_cache_dtype: 'int3' is not one of"),
-        ("llama-server -m x.gguf", "cannot tell which engine"),
+        ("ollama serve", "cannot tell which engine"),
         ("docker run -p 1:1 busybox:latest", "not a known engine image"),
         ("vllm serve 'unclosed", "cannot split"),
         ("", "empty"),
@@ -109,11 +139,48 @@ def test_errors_name_the_flag(line: str, message: str) -> None:
         parse_launch(line, PROFILES)
 
 
+def test_sglang_launch_server_flags_and_defaults() -> None:
+    cfg = parse_launch(
+        "python -m sglang.launch_server --model-path meta-llama/Llama-3.1-8B-Instruct --tp 2 "
+        "--mem-fraction-static 0.8 --max-running-requests 64 --chunked-prefill-size 4096 "
+        "--kv-cache-dtype fp8_e4m3 --speculative-algorithm EAGLE --disable-radix-cache --port 30000",
+        PROFILES,
+    )
+    assert cfg.engine == V.ENGINE_SGLANG
+    assert cfg.model == "meta-llama/Llama-3.1-8B-Instruct"
+    assert cfg.value(Knob.TENSOR_PARALLEL) == 2
+    assert cfg.value(Knob.GPU_MEMORY) == 0.8
+    assert cfg.value(Knob.CONCURRENCY) == 64
+    assert cfg.value(Knob.PREFILL_BUDGET) == 4096
+    assert cfg.value(Knob.KV_CACHE_DTYPE) == "fp8_e4m3"
+    assert cfg.value(Knob.SPECULATIVE_DECODING) == "EAGLE"
+    # sized at start-up when unset: no made-up default
+    budget = parse_launch("python3 -m sglang.launch_server --model m", PROFILES).get(Knob.CONCURRENCY)
+    assert budget is not None and budget.value is None and not budget.explicit
+    # prefix caching has no enabling flag; the remedy text names the one that turns it off
+    assert "--disable-radix-cache" in cfg.unknown
+    assert "--disable-radix-cache" in (PROFILES[V.ENGINE_SGLANG].knob(Knob.PREFIX_CACHING) or "")
+    assert cfg.value(Knob.CONTINUOUS_BATCHING) is True
+
+
+def test_sglang_serve_and_docker_image() -> None:
+    cfg = parse_launch("sglang serve --model-path Qwen/Qwen2.5-7B-Instruct --tensor-parallel-size 4", PROFILES)
+    assert cfg.engine == V.ENGINE_SGLANG and cfg.model == "Qwen/Qwen2.5-7B-Instruct"
+    assert cfg.value(Knob.TENSOR_PARALLEL) == 4
+    docker = parse_launch(
+        "docker run --gpus all -p 30000:30000 lmsysorg/sglang:latest python3 -m sglang.launch_server "
+        "--model Qwen/Qwen2.5-7B-Instruct --tp-size 2 --max-queued-requests 128",
+        PROFILES,
+    )
+    assert docker.engine == V.ENGINE_SGLANG and docker.model == "Qwen/Qwen2.5-7B-Instruct"
+    assert docker.value(Knob.ADMISSION) == 128
+
+
 def test_engine_given_for_an_unknown_wrapper() -> None:
     cfg = parse_launch("./start-server.sh --max-num-seqs 32", PROFILES, engine=V.ENGINE_VLLM)
     assert cfg.value(Knob.CONCURRENCY) == 32
     with pytest.raises(LaunchError, match="unknown engine"):
-        parse_launch("x", PROFILES, engine="sglang")
+        parse_launch("x", PROFILES, engine="lmdeploy")
 
 
 def test_every_profile_spells_every_remedy_knob_it_claims() -> None:

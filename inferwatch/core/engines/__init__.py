@@ -14,10 +14,12 @@ Sources: the engines' own argument parsers (vLLM ``engine/arg_utils.py`` and ``c
 
 from __future__ import annotations
 
-from inferwatch.core.engines import tgi, triton, trtllm, vllm
+from inferwatch.core.engines import llamacpp, sglang, tgi, triton, trtllm, vllm
 from inferwatch.core.engines.profile import EngineProfile
 
 
 def builtin_profiles() -> dict[str, EngineProfile]:
     """The profiles of the engines inferwatch supports, by engine name (a new dict each call)."""
-    return {p.name: p for p in (vllm.PROFILE, tgi.PROFILE, trtllm.PROFILE, triton.PROFILE)}
+    return {
+        p.name: p for p in (vllm.PROFILE, tgi.PROFILE, trtllm.PROFILE, triton.PROFILE, llamacpp.PROFILE, sglang.PROFILE)
+    }

@@ -6,7 +6,7 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from inferwatch.exporters.engines import tgi, triton, trtllm, vllm
+from inferwatch.exporters.engines import llamacpp, sglang, tgi, triton, trtllm, vllm
 from inferwatch.exporters.mapping import EngineAdapter, Fetch, ScrapeError
 
 
@@ -74,5 +74,8 @@ def builtin_registry() -> EngineRegistry:
     registry.register(vllm.ADAPTER)
     registry.register(tgi.ADAPTER)
     registry.register(triton.ADAPTER)
+    # before trtllm, whose engine_type=" marker SGLang's series also carry
+    registry.register(sglang.ADAPTER)
     registry.register(trtllm.ADAPTER)
+    registry.register(llamacpp.ADAPTER)
     return registry

@@ -32,7 +32,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
-from inferwatch.collector.ingest.sources import genai, tgi, trtllm, vllm
+from inferwatch.collector.ingest.sources import genai, sglang, tgi, trtllm, vllm
 from inferwatch.collector.ingest.sources.shared import (
     MODEL_KEYS,
     SERVICE_NAME,
@@ -88,7 +88,7 @@ class Source(Protocol):
     def to_record(self, view: SpanView) -> RequestRecord | None: ...
 
 
-SOURCES: Final[tuple[Source, ...]] = (vllm, tgi, trtllm, genai)
+SOURCES: Final[tuple[Source, ...]] = (vllm, tgi, trtllm, sglang, genai)
 """In dispatch order: vLLM before trtllm-serve (whose span imitates vLLM's; vLLM defers to it), the
 generic GenAI conventions last."""
 

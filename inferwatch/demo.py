@@ -1,13 +1,14 @@
 """``inferwatch demo``: the whole pipeline on this machine, and a live view that fits 80 columns.
 
 Everything runs on 127.0.0.1 as child processes of the demo, each in a session of its own: a
-simulated vLLM, TGI, trtllm-serve and Triton under load, an exporter beside each, inferwatch proxy in
-front of the simulated TGI (clients through it; TGI measures no TTFT of its own), the collector
-(request spans, diagnosis, alert webhook), and - when Debian's binaries are installed -
-Prometheus (the generated ``prometheus.yml`` and rules of ``inferwatch generate stack``, with
-short alert durations so that the chain shows within a couple of minutes) and Alertmanager (the
-generated configuration, delivering to the collector). Without them the demo says so in one line
-and runs the rest. Ctrl-C or ``--duration`` stops every process it started.
+simulated vLLM, TGI, trtllm-serve, Triton, SGLang and llama.cpp server under load, an exporter beside
+each, inferwatch proxy in front of the simulated TGI and llama.cpp (clients through it: TGI measures no
+TTFT of its own, llama.cpp neither TTFT nor TPOT and sends no traces, so the proxy's spans are its
+requests in the collector), the collector (request spans, diagnosis, alert webhook), and - when
+Debian's binaries are installed - Prometheus (the generated ``prometheus.yml`` and rules of
+``inferwatch generate stack``, with short alert durations so that the chain shows within a couple of
+minutes) and Alertmanager (the generated configuration, delivering to the collector). Without them
+the demo says so in one line and runs the rest. Ctrl-C or ``--duration`` stops every process it started.
 
 The view (:mod:`inferwatch.demo_view`) reads the exporters (request rate, TTFT/TPOT P99,
 running/waiting, KV usage, preemptions), the collector (exact P99 TTFT from the request rows, the top
@@ -72,10 +73,13 @@ DEMO_ALERTS: Final[dict[str, str]] = {
     "page_repeat_interval": "5m",
     "ticket_repeat_interval": "5m",
 }
-PROXIED: Final = V.ENGINE_TGI
-"""The engine the demo puts inferwatch proxy in front of: the one that measures no TTFT itself."""
+PROXIED: Final = (V.ENGINE_TGI, V.ENGINE_LLAMACPP)
+"""The engines the demo puts inferwatch proxy in front of: those that measure no TTFT themselves."""
+SIM_ENV: Final[dict[str, dict[str, str]]] = {V.ENGINE_LLAMACPP: {"LLAMA_ARG_N_PARALLEL": "8"}}
+"""Simulators started as their engine would be for this load: llama-server with --parallel 8 (its own
+environment variable), as 4 slots (its default) queue the demo's clients."""
 CLIENT_RPS: Final = 2.0
-"""Streaming requests per second the demo's clients send through the proxy."""
+"""Streaming requests per second the demo's clients send through each proxy."""
 CLIENT_ABORT_SHARE: Final = 0.05
 """Share of those clients that hang up after a few chunks (the proxy counts them as aborts)."""
 CLIENT_SLO: Final[dict[str, Any]] = {
@@ -102,13 +106,14 @@ def free_ports(n: int, base: int) -> list[int]:
 
 
 class Clients:
-    """Streaming clients of the proxied engine: Poisson arrivals through inferwatch proxy, a few of
-    them hanging up after some chunks (an abort, as users do), so the proxy has something to measure."""
+    """Streaming clients of a proxied engine: Poisson arrivals through inferwatch proxy, a few of
+    them hanging up after some chunks (an abort, as users do), so the proxy has something to measure.
+    TGI's clients use its native ``/generate_stream``, the others OpenAI streaming completions."""
 
-    def __init__(self, url: str, rps: float, abort_share: float, seed: int = 7) -> None:
+    def __init__(self, url: str, engine: str, rps: float, abort_share: float, seed: int = 7) -> None:
         import random
 
-        self.url, self.rps, self.abort_share = url, rps, abort_share
+        self.url, self.engine, self.rps, self.abort_share = url, engine, rps, abort_share
         self.rng = random.Random(seed)
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name="demo-clients", daemon=True)
@@ -133,20 +138,23 @@ class Clients:
             while not self.stop.is_set():
                 await asyncio.sleep(self.rng.expovariate(self.rps))
                 abort_after = self.rng.randint(1, 4) if self.rng.random() < self.abort_share else None
-                body = {
-                    "inputs": "Tell me about KV caches. " * self.rng.randint(2, 40),
-                    "parameters": {"max_new_tokens": self.rng.randint(16, 96)},
-                }
-                task = asyncio.create_task(self._one(client, body, abort_after))
+                prompt, max_tokens = "Tell me about KV caches. " * self.rng.randint(2, 40), self.rng.randint(16, 96)
+                if self.engine == V.ENGINE_TGI:
+                    path = "/generate_stream"
+                    body: dict[str, Any] = {"inputs": prompt, "parameters": {"max_new_tokens": max_tokens}}
+                else:
+                    path = "/v1/completions"
+                    body = {"model": model_of(self.engine), "prompt": prompt, "max_tokens": max_tokens, "stream": True}
+                task = asyncio.create_task(self._one(client, path, body, abort_after))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
             for task in list(tasks):
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def _one(self, client: httpx.AsyncClient, body: dict[str, Any], abort_after: int | None) -> None:
+    async def _one(self, client: httpx.AsyncClient, path: str, body: dict[str, Any], abort_after: int | None) -> None:
         with contextlib.suppress(httpx.HTTPError):
-            async with client.stream("POST", f"{self.url}/generate_stream", json=body) as response:
+            async with client.stream("POST", f"{self.url}{path}", json=body) as response:
                 chunks = 0
                 async for _ in response.aiter_lines():
                     chunks += 1
@@ -164,7 +172,7 @@ def _binary(names: tuple[str, ...]) -> str | None:
 
 def demo_spec() -> SLOFile:
     """The shipped SLOs with short alert durations, and a TTFT SLO measured at the proxy (the only
-    TTFT the proxied engine has)."""
+    TTFT the proxied engines have)."""
     spec = load(resources.default_slo_path(), V.Vocabulary())
     data = spec.model_dump()
     data["slos"].append(CLIENT_SLO)
@@ -187,6 +195,8 @@ class Children:
         return proc
 
     def stop(self) -> int:
+        """SIGTERM to each child's process group; SIGKILL after 10 s to what is left of it. Returns once every
+        group is empty: a child's own children (the collector's worker processes) end after it."""
         for p in self.procs:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(p.pid, signal.SIGTERM)
@@ -198,7 +208,20 @@ class Children:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
+        for p in self.procs:
+            while _group_alive(p.pid) and time.monotonic() < end:
+                time.sleep(0.05)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
         return len(self.procs)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def _inferwatch(*args: str) -> list[str]:
@@ -211,7 +234,7 @@ class Fleet:
     """Where the demo's processes listen, where they keep their files, and the optional binaries it found."""
 
     members: list[Member]
-    proxied: Member
+    proxied: list[Member]
     collector_http: int
     collector_grpc: int
     prom_port: int
@@ -222,11 +245,12 @@ class Fleet:
 
     @classmethod
     def plan(cls, base_port: int) -> Fleet:
-        ports = free_ports(2 * len(ENGINES) + 6, base_port)
+        ports = free_ports(2 * len(ENGINES) + 4 + 2 * len(PROXIED), base_port)
         members = [Member(e, ports[2 * i], ports[2 * i + 1]) for i, e in enumerate(ENGINES)]
-        collector_http, collector_grpc, prom_port, am_port, proxy_port, proxy_metrics_port = ports[-6:]
-        proxied = next(m for m in members if m.engine == PROXIED)
-        proxied.proxy_port, proxied.proxy_metrics_port = proxy_port, proxy_metrics_port
+        collector_http, collector_grpc, prom_port, am_port = ports[2 * len(ENGINES) : 2 * len(ENGINES) + 4]
+        proxied = [m for m in members if m.engine in PROXIED]
+        for i, m in enumerate(proxied):
+            m.proxy_port, m.proxy_metrics_port = ports[2 * len(ENGINES) + 4 + 2 * i : 2 * len(ENGINES) + 6 + 2 * i]
         logdir = Path(tempfile.mkdtemp(prefix="inferwatch-demo-"))
         prometheus_bin, alertmanager_bin = _binary(PROMETHEUS_BINARIES), _binary(ALERTMANAGER_BINARIES)
         return cls(
@@ -255,7 +279,7 @@ class Fleet:
             # the proxy's /metrics is scraped like an exporter's (its series are llm_client_*)
             exporters=(
                 *(Exporter(f"127.0.0.1:{m.exporter_port}") for m in self.members),
-                Exporter(f"127.0.0.1:{self.proxied.proxy_metrics_port}"),
+                *(Exporter(f"127.0.0.1:{m.proxy_metrics_port}") for m in self.proxied),
             ),
             prometheus=f"127.0.0.1:{self.prom_port}",
             alertmanager=f"127.0.0.1:{self.am_port}",
@@ -299,8 +323,9 @@ class Fleet:
             f"--seed={seed}",
             f"--speed={speed}",
         )
-        # spans go to the collector the way each engine sends them: vLLM and TGI over gRPC, trtllm over HTTP
-        if m.engine in (V.ENGINE_VLLM, V.ENGINE_TGI):
+        # spans go to the collector the way each engine sends them: vLLM, TGI and SGLang over gRPC, trtllm
+        # over HTTP; Triton and llama.cpp send none (the proxy's spans stand in for llama.cpp's requests)
+        if m.engine in (V.ENGINE_VLLM, V.ENGINE_TGI, V.ENGINE_SGLANG):
             sim += [f"--otlp-endpoint=http://127.0.0.1:{self.collector_grpc}", "--otlp-protocol=grpc"]
         elif m.engine == V.ENGINE_TRTLLM:
             sim += [f"--otlp-endpoint={self.collector}/v1/traces"]
@@ -334,9 +359,11 @@ def _exporter_cmd(m: Member) -> list[str]:
     return exp
 
 
-def _proxy_cmd(m: Member) -> list[str]:
+def _proxy_cmd(m: Member, collector: str) -> list[str]:
+    """The proxy in front of a member, its spans to the collector (llama.cpp's only requests there)."""
     proxy = _inferwatch("proxy", f"--upstream={m.sim_url}", f"--engine={m.engine}")
     proxy += [f"--listen=127.0.0.1:{m.proxy_port}", f"--metrics-listen=127.0.0.1:{m.proxy_metrics_port}"]
+    proxy += [f"--otlp-endpoint={collector}/v1/traces"]
     return [*proxy, "--log-level=warning"]
 
 
@@ -346,10 +373,10 @@ def _start(children: Children, fleet: Fleet, vllm_profile: str, speed: float) ->
     slo_file = fleet.write_config()
     children.start("collector", fleet.collector_cmd(slo_file), {"INFERWATCH_COLLECTOR_EXPORTER_INTERVAL_SECONDS": "2"})
     for i, m in enumerate(fleet.members):
-        children.start(f"{m.engine}-simulator", fleet.simulator_cmd(m, i, vllm_profile, speed))
+        children.start(f"{m.engine}-simulator", fleet.simulator_cmd(m, i, vllm_profile, speed), SIM_ENV.get(m.engine))
         children.start(f"{m.engine}-exporter", _exporter_cmd(m))
         if m.proxy_port is not None:
-            children.start(f"{m.engine}-proxy", _proxy_cmd(m))
+            children.start(f"{m.engine}-proxy", _proxy_cmd(m, fleet.collector))
     if fleet.prometheus_bin:
         children.start("prometheus", fleet.prometheus_cmd(fleet.prometheus_bin))
     if fleet.alertmanager_bin:
@@ -406,13 +433,18 @@ class Watch:
 
         worker = threading.Thread(target=background, name="demo-insight", daemon=True)
         worker.start()
-        clients = Clients(str(self.fleet.proxied.proxy_url), CLIENT_RPS * speed, CLIENT_ABORT_SHARE)
-        clients.start()
+        clients = [
+            Clients(str(m.proxy_url), m.engine, CLIENT_RPS * speed, CLIENT_ABORT_SHARE, seed=7 + i)
+            for i, m in enumerate(self.fleet.proxied)
+        ]
+        for c in clients:
+            c.start()
         try:
             self._show(client)
         finally:
             done.set()
-            clients.close()
+            for c in clients:
+                c.close()
             worker.join(timeout=20)
 
     def _show(self, client: httpx.Client) -> None:

@@ -83,6 +83,8 @@ class Insight:
     """What the collector knows, refreshed in the background (its calls may take seconds)."""
 
     exact_p99: dict[str, float] = field(default_factory=dict)
+    exact_at_proxy: set[str] = field(default_factory=set)
+    """engines whose exact P99 comes from inferwatch proxy's rows (they send no spans of their own)."""
     diagnosis: dict[str, tuple[str, str]] = field(default_factory=dict)
     """engine -> (severity, symptom) of its most severe finding."""
     burn: dict[str, float] = field(default_factory=dict)
@@ -135,7 +137,7 @@ def view(members: list[Member], title: str, insight: Insight | None = None, widt
         ("TTFT99", "right"),
         ("exact", "right"),
         ("TPOT99", "right"),
-        ("run/wait", "right"),
+        ("run/wt", "right"),
         ("KV", "right"),
         ("pre/s", "right"),
         ("burn", "right"),
@@ -145,6 +147,7 @@ def view(members: list[Member], title: str, insight: Insight | None = None, widt
         table.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
     with insight.lock:
         exact, diagnosis, burn = dict(insight.exact_p99), dict(insight.diagnosis), dict(insight.burn)
+        exact_at_proxy = set(insight.exact_at_proxy)
         incidents, count = list(insight.incidents), insight.incident_count
     at_proxy = False
     for m in members:
@@ -158,20 +161,26 @@ def view(members: list[Member], title: str, insight: Insight | None = None, widt
         if found is not None:
             severity, symptom = found
             diag = Text(SHORT_SYMPTOM.get(symptom, symptom), style="bold red" if severity == "critical" else "yellow")
-        rate = burn.get(model_of(m.engine))
-        burn_text = Text(_count(rate, "x"), style="bold red" if rate and rate >= 14.4 else "")
-        ttft = _latency(last, earlier, V.TIME_TO_FIRST_TOKEN, 0.99)
+        burn_rate = burn.get(model_of(m.engine))
+        burn_text = Text(_count(burn_rate, "x"), style="bold red" if burn_rate and burn_rate >= 14.4 else "")
         p_earlier, p_last = m.window(m.proxy_history)
-        if ttft == "-" and p_last is not None:
-            client = _latency(p_last, p_earlier, V.CLIENT_TIME_TO_FIRST_TOKEN, 0.99)
-            if client != "-":
+        ttft, tpot = (_latency(last, earlier, spec, 0.99) for spec in (V.TIME_TO_FIRST_TOKEN, V.TIME_PER_OUTPUT_TOKEN))
+        rate = last.rate(earlier, V.REQUESTS.name)
+        at_proxy = at_proxy or m.engine in exact_at_proxy
+        if p_last is not None:
+            # what the engine does not measure, the proxy in front of it does (marked *)
+            if ttft == "-" and (client := _latency(p_last, p_earlier, V.CLIENT_TIME_TO_FIRST_TOKEN, 0.99)) != "-":
                 ttft, at_proxy = f"{client}*", True
+            if tpot == "-" and (client := _latency(p_last, p_earlier, V.CLIENT_TIME_PER_OUTPUT_TOKEN, 0.99)) != "-":
+                tpot, at_proxy = f"{client}*", True
+            if rate is None:
+                rate = p_last.rate(p_earlier, V.CLIENT_REQUESTS.name)
         table.add_row(
             Text(m.engine, style="" if last.up else "red strike"),
-            _count(last.rate(earlier, V.REQUESTS.name)),
+            _count(rate),
             ttft,
-            _fmt(exact.get(m.engine), "s"),
-            _latency(last, earlier, V.TIME_PER_OUTPUT_TOKEN, 0.99),
+            _fmt(exact.get(m.engine), "s") + ("*" if m.engine in exact_at_proxy else ""),
+            tpot,
             f"{_count(running)}/{_count(waiting)}",
             _fmt(last.gauges_max.get(V.KV_CACHE_USAGE.name), "%"),
             _count(last.rate(earlier, V.PREEMPTIONS.name)),
@@ -180,7 +189,7 @@ def view(members: list[Member], title: str, insight: Insight | None = None, widt
         )
     lines: list[Text] = []
     if at_proxy:
-        lines.append(Text("* at the client, through inferwatch proxy (the engine measures no TTFT)", style="dim"))
+        lines.append(Text("* at the client, through inferwatch proxy (the engine does not measure it)", style="dim"))
     firing = [i for i in incidents if i.get("status") == "firing"]
     summary = f"incidents: {count} ({len(firing)} firing) via Prometheus -> Alertmanager -> collector"
     lines.append(Text(summary, style="bold" if firing else "dim"))
@@ -203,19 +212,27 @@ def scrape(client: httpx.Client, m: Member) -> None:
             history.append(Scrape.parse(text, time.monotonic()))
 
 
+def _exact_p99(client: httpx.Client, collector: str, side: str) -> dict[str, float]:
+    body = client.get(
+        f"{collector}/api/v1/stats",
+        params={"window": f"{WINDOW_SECONDS:g}s", "group_by": "engine", "side": side},
+        timeout=5,
+    ).json()
+    return {
+        str(e["engine"]): float(e["time_to_first_token"]["p99"])
+        for e in body.get("data", [])
+        if (e.get("time_to_first_token") or {}).get("p99") is not None
+    }
+
+
 def refresh_insight(client: httpx.Client, collector: str, insight: Insight, with_prometheus: bool) -> None:
     """One round of questions to the collector (each may take a few seconds; errors leave the old answer)."""
     with contextlib.suppress(httpx.HTTPError, ValueError, KeyError, TypeError):
-        body = client.get(
-            f"{collector}/api/v1/stats", params={"window": f"{WINDOW_SECONDS:g}s", "group_by": "engine"}, timeout=5
-        ).json()
-        exact = {
-            str(e["engine"]): float(e["time_to_first_token"]["p99"])
-            for e in body.get("data", [])
-            if (e.get("time_to_first_token") or {}).get("p99") is not None
-        }
+        # the engines' own rows, then the proxy's for engines that send none (llama.cpp)
+        engine_side, proxy_side = (_exact_p99(client, collector, side) for side in ("engine", "proxy"))
         with insight.lock:
-            insight.exact_p99 = exact
+            insight.exact_p99 = {**proxy_side, **engine_side}
+            insight.exact_at_proxy = set(proxy_side) - set(engine_side)
     with contextlib.suppress(httpx.HTTPError, ValueError, KeyError, TypeError):
         body = client.get(f"{collector}/api/v1/diagnose", params={"window": "1m", "examples": 0}, timeout=15).json()
         found: dict[str, tuple[str, str]] = {}

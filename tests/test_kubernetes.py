@@ -322,8 +322,8 @@ def test_the_cli_writes_the_tree_and_refuses_bad_options(tmp_path: Path) -> None
         )
     )
     assert {p.relative_to(out).as_posix(): p.read_bytes() for p in out.rglob("*") if p.is_file()} == expected
-    bad = CliRunner().invoke(app, ["generate", "kubernetes", "--out", str(out), "--engine", "sglang"])
-    assert bad.exit_code != 0 and "sglang" in bad.output
+    bad = CliRunner().invoke(app, ["generate", "kubernetes", "--out", str(out), "--engine", "lmdeploy"])
+    assert bad.exit_code != 0 and "lmdeploy" in bad.output
     bad = CliRunner().invoke(app, ["generate", "kubernetes", "--out", str(out), "--prometheus-operator-labels", "x"])
     assert bad.exit_code != 0 and "KEY=VALUE" in bad.output
 

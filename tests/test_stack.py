@@ -231,11 +231,14 @@ def test_real_engines_override_validates_and_names_what_is_missing() -> None:
         "INFERWATCH_TGI_MAX_BATCH_TOTAL_TOKENS": "16384",
         "INFERWATCH_TRTLLM_URL": "http://10.0.0.7:8000",
         "INFERWATCH_TRITON_URL": "http://10.0.0.8:8002/metrics",
+        "INFERWATCH_SGLANG_URL": "http://10.0.0.9:30000",
+        "INFERWATCH_LLAMACPP_URL": "http://10.0.0.10:8080",
         "COMPOSE_PROFILES": "",
     }
     ok = _compose("-f", str(COMPOSE), "-f", str(REAL), "config", env=targets)
     assert ok.returncode == 0, ok.stderr
-    assert "--target=http://10.0.0.5:8000" in ok.stdout
+    for url in ("http://10.0.0.5:8000", "http://10.0.0.9:30000", "http://10.0.0.10:8080"):
+        assert f"--target={url}" in ok.stdout
     missing = _compose("-f", str(COMPOSE), "-f", str(REAL), "config", "-q", env={"COMPOSE_PROFILES": ""})
     assert missing.returncode != 0 and "INFERWATCH_" in missing.stderr
 

@@ -86,7 +86,8 @@ def demo(
 ) -> None:
     """The whole pipeline here, on 127.0.0.1: simulated engines, exporters, Prometheus, Alertmanager, collector.
 
-    A simulated vLLM, TGI, trtllm-serve and Triton under load, an exporter beside each, the collector
+    A simulated vLLM, TGI, trtllm-serve, Triton, SGLang and llama.cpp under load, an exporter beside each,
+    inferwatch proxy in front of TGI and llama.cpp, the collector
     (spans, diagnosis, alert webhook) and, when Debian's prometheus and prometheus-alertmanager are
     installed, Prometheus with the generated rules and Alertmanager delivering to the collector. The
     live view (80 columns) shows traffic, latency, KV usage, preemptions, SLO burn, the top diagnosis

@@ -126,6 +126,25 @@ def engine_facts(engine: str) -> EngineFacts:
             "nvcr.io/nvidia/tritonserver:25.03-trtllm-python-py3",
             True,
         ),
+        # SGLang: --port defaults to 30000, /metrics on the same port with --enable-metrics
+        # (python/sglang/srt/server_args.py). Image: 0.5.23, the newest release the fixtures follow
+        # (tests/fixtures/engines/sglang/0.5.23); lmsysorg/sglang publishes each release as v<version>
+        # (CUDA 13; docs/get-started/install.mdx, .github/workflows/release-docker.yml).
+        V.ENGINE_SGLANG: EngineFacts(
+            V.ENGINE_SGLANG, 30000, 30000, "/metrics", "/health", "lmsysorg/sglang:v0.5.23", False
+        ),
+        # llama.cpp's server: --port defaults to 8080, /metrics on the same port with --metrics
+        # (common/arg.cpp). Image: the CUDA server build the fixtures follow
+        # (tests/fixtures/engines/llamacpp/b11312-cpu, a real capture); ggml-org publishes server-cuda-b<build>.
+        V.ENGINE_LLAMACPP: EngineFacts(
+            V.ENGINE_LLAMACPP,
+            8080,
+            8080,
+            "/metrics",
+            "/health",
+            "ghcr.io/ggml-org/llama.cpp:server-cuda-b11312",
+            False,
+        ),
     }
     return facts[engine]
 

@@ -1,7 +1,7 @@
 """PromQL building blocks and template variables of the dashboards.
 
 Every metric name comes from :mod:`inferwatch.core.vocabulary`; every query reads canonical series
-only, so one dashboard serves vLLM, TGI, TensorRT-LLM and Triton alike. Conventions:
+only, so one dashboard serves every engine alike. Conventions:
 
 * template variables ``$engine``, ``$model``, ``$instance`` are regex matchers (``engine=~"$engine"``)
   whose "All" value is ``.*``;
@@ -38,8 +38,8 @@ SIGNAL_LABEL = "signal"
 
 EM = (V.LABEL_ENGINE, V.LABEL_MODEL)
 EMI = (V.LABEL_ENGINE, V.LABEL_MODEL, INSTANCE_LABEL)
-EMIR = (*EMI, V.LABEL_DP_RANK)
-"""per instance and data-parallel rank (engines without ranks: per instance)."""
+EMIR = (*EMI, V.LABEL_DP_RANK, V.LABEL_ROLE)
+"""per instance, data-parallel rank and prefill/decode role (engines without them: per instance)."""
 
 
 def selector(

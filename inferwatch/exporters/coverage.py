@@ -24,6 +24,20 @@ def matrix(registry: EngineRegistry) -> dict[str, dict[str, str]]:
     return out
 
 
+def _notes(registry: EngineRegistry) -> list[str]:
+    """One line per engine and canonical metric whose mapping row carries a note, in registry order."""
+    lines: list[str] = []
+    for adapter in registry:
+        for row in (*adapter.rows, *adapter.hook_rows):
+            if not row.note:
+                continue
+            text = row.note.strip().removeprefix("[").removesuffix("]").removeprefix(f"{adapter.name}: ")
+            line = f"- **{adapter.name}** / `{row.metric.name}` (from `{row.sources[0]}`): {text}"
+            if line not in lines:
+                lines.append(line)
+    return lines
+
+
 def markdown(registry: EngineRegistry) -> str:
     m = matrix(registry)
     engines = list(m)
@@ -46,6 +60,15 @@ def markdown(registry: EngineRegistry) -> str:
                 reasons.append(f"- **{e}** / `{spec.name}`: {state.removeprefix('unsupported: ')}")
         lines.append(f"| `{spec.name}` | " + " | ".join(cells) + " |")
     lines += ["", "## Why a signal is missing", "", *reasons]
+    lines += [
+        "",
+        "## How a signal is mapped where the engine means something close",
+        "",
+        "A `yes` above may be an approximation or a translation by meaning; the canonical HELP text carries the "
+        "same note:",
+        "",
+        *_notes(registry),
+    ]
     lines += [
         "",
         "## With inferwatch proxy in front",

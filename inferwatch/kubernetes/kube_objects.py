@@ -3,7 +3,7 @@ security contexts, and the YAML writer.
 
 **Labels** (the selectors of the PodMonitors and the NetworkPolicy read them; put them on your pods):
 
-* ``inferwatch.io/engine: <engine>``: an engine's pod (vllm, tgi, trtllm, triton). The collector's
+* ``inferwatch.io/engine: <engine>``: an engine's pod (one of ``V.ENGINES``). The collector's
   NetworkPolicy lets pods with this label send OTLP (4318, 4317).
 * ``inferwatch.io/exporter: "true"``: a pod with the exporter sidecar; the ``inferwatch-exporters``
   PodMonitor scrapes its port ``metrics``.

@@ -147,6 +147,34 @@ def _engine_container(engine: str) -> dict[str, Any]:
             "args": ["--model-repository=/models", f"--http-port={port}", f"--metrics-port={facts.metrics_port}"],
             "volumeMounts": [{"name": "models", "mountPath": "/models", "readOnly": True}],
         },
+        V.ENGINE_SGLANG: {
+            "command": ["python3", "-m", "sglang.launch_server"],
+            "args": [
+                "--model-path",
+                "Qwen/Qwen2.5-7B-Instruct",
+                "--host",
+                "0.0.0.0",
+                "--port",
+                str(port),
+                "--enable-metrics",
+            ],
+        },
+        V.ENGINE_LLAMACPP: {
+            # the image's entrypoint is llama-server; -hf fetches the GGUF from the Hugging Face hub
+            "args": [
+                "-hf",
+                "Qwen/Qwen2.5-7B-Instruct-GGUF:Q4_K_M",
+                "--host",
+                "0.0.0.0",
+                "--port",
+                str(port),
+                "-ngl",
+                "99",
+                "--parallel",
+                "4",
+                "--metrics",
+            ],
+        },
     }
     ports = [{"name": "http", "containerPort": port, "protocol": "TCP"}]
     if facts.metrics_port != port:

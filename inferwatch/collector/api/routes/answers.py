@@ -41,7 +41,7 @@ Window = Annotated[
         description="Look-back window, e.g. 10m (with exporters only: the seconds between their two scrapes)",
     ),
 ]
-EngineFilter = Annotated[str | None, Query(alias="engine", description="Only this engine (vllm, tgi, trtllm, triton)")]
+EngineFilter = Annotated[str | None, Query(alias="engine", description="Only this engine (e.g. vllm)")]
 ModelFilter = Annotated[str | None, Query(description="Only this model")]
 InstanceFilter = Annotated[str | None, Query(description="Only this instance (the exporter's host:port)")]
 

@@ -350,3 +350,23 @@ def test_llamacpp_clients_through_the_proxy_agree_with_the_engine(procs: Process
     assert engine.histogram(V.TIME_TO_FIRST_TOKEN) is None and engine.histogram(V.TIME_PER_OUTPUT_TOKEN) is None
     assert value(text, V.CLIENT_TIME_TO_FIRST_TOKEN.name + "_count", **labels) == streamed_requests + 1
     assert value(text, V.CLIENT_TIME_PER_OUTPUT_TOKEN.name + "_count", **labels) == streamed_requests + 1
+
+
+def test_llamacpp_requests_reach_the_collector_through_the_proxy(procs: Processes) -> None:
+    """llama.cpp sends no traces: its request rows in the collector are the proxy's spans, mapped by the
+    collector's own sources, and their tokens are the engine's."""
+    sim = start_sim(procs, V.ENGINE_LLAMACPP)
+    with running_proxy(sim, engine=V.ENGINE_LLAMACPP) as run:
+        client = openai.OpenAI(base_url=run.url + "/v1", api_key="-", max_retries=0)
+        tokens, streamed_requests = openai_requests(client, MODEL)  # 3 requests, 2 of them streamed
+        events = native_stream(run.url + "/completion", {"prompt": "hello", "n_predict": 7})
+        tokens += events[-1]["tokens_predicted"]
+        records = run.records(count=4)
+    engine = engine_snapshot(sim, V.ENGINE_LLAMACPP)
+    assert len(records) == 4
+    assert {(r.engine, r.model, r.service) for r in records} == {(V.ENGINE_LLAMACPP, MODEL, V.PROXY_SERVICE)}
+    assert sum(r.generation_tokens or 0 for r in records) == tokens == engine.value(V.GENERATION_TOKENS)
+    assert sum(r.prompt_tokens or 0 for r in records) == engine.value(V.PROMPT_TOKENS)
+    # the engine measures no first token: the rows' TTFT and TPOT are the client's, one per streamed request
+    timed = [r for r in records if r.time_to_first_token is not None and r.time_per_output_token is not None]
+    assert len(timed) == streamed_requests + 1

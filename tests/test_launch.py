@@ -157,8 +157,10 @@ def test_sglang_launch_server_flags_and_defaults() -> None:
     # sized at start-up when unset: no made-up default
     budget = parse_launch("python3 -m sglang.launch_server --model m", PROFILES).get(Knob.CONCURRENCY)
     assert budget is not None and budget.value is None and not budget.explicit
-    # prefix caching has no enabling flag; the remedy text names the one that turns it off
-    assert "--disable-radix-cache" in cfg.unknown
+    # prefix caching has no enabling flag, only the one that turns it off; on by default
+    assert cfg.value(Knob.PREFIX_CACHING) is False and "--disable-radix-cache" not in cfg.unknown
+    default = parse_launch("python3 -m sglang.launch_server --model m", PROFILES).get(Knob.PREFIX_CACHING)
+    assert default is not None and default.value is True and not default.explicit
     assert "--disable-radix-cache" in (PROFILES[V.ENGINE_SGLANG].knob(Knob.PREFIX_CACHING) or "")
     assert cfg.value(Knob.CONTINUOUS_BATCHING) is True
 
@@ -187,5 +189,5 @@ def test_every_profile_spells_every_remedy_knob_it_claims() -> None:
     for profile in PROFILES.values():
         assert profile.commands, profile.name
         for flag in profile.flags:
-            assert flag.names and flag.meaning, (profile.name, flag)
+            assert (flag.names or flag.negations) and flag.meaning, (profile.name, flag)
         assert Knob.CONTINUOUS_BATCHING in profile.always_on or profile.flag(Knob.CONTINUOUS_BATCHING), profile.name

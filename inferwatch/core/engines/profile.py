@@ -45,7 +45,8 @@ class Flag:
 
     knob: Knob
     names: tuple[str, ...]
-    """every spelling the engine accepts (``--tensor-parallel-size``, ``-tp``)."""
+    """every spelling the engine accepts (``--tensor-parallel-size``, ``-tp``); none for a switch that can only
+    be turned off (its ``negations``)."""
     kind: FlagKind
     default: str | float | bool | None
     """the engine's default (``None``: unset, or it depends on the hardware; see ``default_note``)."""
@@ -58,7 +59,8 @@ class Flag:
 
     @property
     def name(self) -> str:
-        return self.names[0]
+        """The first spelling (of a negation when only the off switch exists: SGLang's --disable-radix-cache)."""
+        return (self.names or self.negations)[0]
 
 
 @dataclass(frozen=True)

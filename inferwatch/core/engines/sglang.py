@@ -79,6 +79,15 @@ FLAGS: tuple[Flag, ...] = (
         "GPUs the model is sharded over",
     ),
     Flag(
+        Knob.PREFIX_CACHING,
+        (),
+        FlagKind.BOOL,
+        True,
+        "RadixAttention: requests reuse the KV cache of the prefixes they share",
+        negations=("--disable-radix-cache",),
+        default_note="on unless --disable-radix-cache (there is no flag that turns it on)",
+    ),
+    Flag(
         Knob.PREFILL_BUDGET,
         ("--chunked-prefill-size",),
         FlagKind.INT,

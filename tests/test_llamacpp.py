@@ -184,8 +184,21 @@ def test_fresh_server_reports_zeros_it_prints(d: Path, twin: Path) -> None:
     itl = snap.histogram(V.INTER_TOKEN_LATENCY)
     assert itl is not None and itl.inf == 0 and itl.total == 0
     assert {dict(k)[V.LABEL_MODEL] for k in snap.values[V.GENERATION_TOKENS]} == {f["model"]}
-    # a fresh server prints every family of its shape: the same canonical metrics come out
-    assert snap.metrics() == translate(twin).metrics()
+    # a fresh server prints every family of its shape: the same canonical metrics come out, but for the
+    # speculative-decoding counters, absent until the server has drafted (0 without a draft model)
+    speculative = {V.SPEC_DECODE_DRAFT_TOKENS, V.SPEC_DECODE_ACCEPTED_TOKENS}
+    assert not speculative & set(snap.metrics())
+    assert set(snap.metrics()) == set(translate(twin).metrics()) - speculative
+
+
+def test_speculative_counters_are_absent_without_a_draft_model() -> None:
+    """The real b11312 server, run without a draft model, prints its speculative counters as 0: no canonical
+    series (a zero would read as speculative decoding on and accepting nothing)."""
+    for name in ("metrics.txt", "metrics-fresh.txt", "metrics-final.txt"):
+        text = (CAPTURE / name).read_text()
+        assert f"{engine.SPEC_DRAFT_TOKENS_TOTAL} 0" in text
+        snap = translate(CAPTURE, text)
+        assert V.SPEC_DECODE_DRAFT_TOKENS not in snap.values and V.SPEC_DECODE_ACCEPTED_TOKENS not in snap.values
 
 
 def test_the_engine_lacks_what_it_does_not_print() -> None:

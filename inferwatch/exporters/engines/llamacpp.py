@@ -83,8 +83,6 @@ ROWS: tuple[Row, ...] = (
         (PROMPT_TOKENS_CACHED_TOTAL,),
         note="[llamacpp: prompt tokens reused from the slot's cache (cache_prompt).]",
     ),
-    Row(V.SPEC_DECODE_DRAFT_TOKENS, (SPEC_DRAFT_TOKENS_TOTAL,)),
-    Row(V.SPEC_DECODE_ACCEPTED_TOKENS, (SPEC_ACCEPTED_TOKENS_TOTAL,)),
 )
 
 _IGNORED_NAMES = frozenset(
@@ -128,8 +126,17 @@ def hook(parsed: ParsedText, ctx: TranslateContext, snap: Snapshot) -> None:
             snap.notes[V.PROMPT_TOKENS] = NOTE_PROMPT_ALL
             snap.add_value(V.PREFIX_CACHE_QUERIED_TOKENS, ctx.key({}), evaluated + cached)
             snap.notes[V.PREFIX_CACHE_QUERIED_TOKENS] = NOTE_QUERIED
+    # speculative decoding: since the metrics rework the server prints its counters as 0 without a draft
+    # model (the b11312 capture); they come through once it has drafted, absent rather than a made-up zero
+    drafted = _total(parsed, SPEC_DRAFT_TOKENS_TOTAL)
+    if drafted:
+        snap.add_value(V.SPEC_DECODE_DRAFT_TOKENS, ctx.key({}), drafted)
+        accepted = _total(parsed, SPEC_ACCEPTED_TOKENS_TOTAL)
+        if accepted is not None:
+            snap.add_value(V.SPEC_DECODE_ACCEPTED_TOKENS, ctx.key({}), accepted)
     if ctx.facts.version or ctx.facts.model:
-        info = {V.LABEL_MAX_CONCURRENCY: ctx.facts.max_concurrency or ""}
+        # prompt caching: each slot reuses its previous prompt's prefix (cache_prompt defaults to true)
+        info = {V.LABEL_MAX_CONCURRENCY: ctx.facts.max_concurrency or "", V.LABEL_PREFIX_CACHING: V.TRUE}
         snap.set_value(V.ENGINE_INFO, info_key(ctx, info), 1.0)
 
 
@@ -170,9 +177,20 @@ ADAPTER = EngineAdapter(
     prefixes=(PREFIX,),
     unsupported=llamacpp_facts.PROFILE.unsupported,
     ignored=IGNORED,
-    extra_samples=(PROMPT_TOKENS_TOTAL, PROMPT_TOKENS_CACHED_TOTAL),
+    extra_samples=(
+        PROMPT_TOKENS_TOTAL,
+        PROMPT_TOKENS_CACHED_TOTAL,
+        SPEC_DRAFT_TOKENS_TOTAL,
+        SPEC_ACCEPTED_TOKENS_TOTAL,
+    ),
     hook=hook,
-    hook_metrics=(V.PROMPT_TOKENS, V.PREFIX_CACHE_QUERIED_TOKENS, V.ENGINE_INFO),
+    hook_metrics=(
+        V.PROMPT_TOKENS,
+        V.PREFIX_CACHE_QUERIED_TOKENS,
+        V.SPEC_DECODE_DRAFT_TOKENS,
+        V.SPEC_DECODE_ACCEPTED_TOKENS,
+        V.ENGINE_INFO,
+    ),
     info_path=PROPS_PATH,
     parse_info=parse_info,
     detect_markers=(PREFIX,),

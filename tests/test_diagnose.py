@@ -15,6 +15,7 @@ from inferwatch.collector.diagnosis.signals import Filters, Fleet, TargetKey
 from inferwatch.core import vocabulary as V
 from inferwatch.core.engines import builtin_profiles
 from inferwatch.core.symptoms import CATALOGUE, Signal, Status, Symptom, SymptomSpec
+from tests.support.promql_check import expr_test
 
 PROFILES = builtin_profiles()
 VLLM = TargetKey(V.ENGINE_VLLM, "m", "10.0.0.1:9400")
@@ -313,28 +314,10 @@ def test_the_abort_ratio_comes_from_the_proxy_where_one_stands_in_front(promtool
     def row(eng: str, instance: str, value: float) -> dict[str, object]:
         return {"labels": f'{{engine="{eng}",model="m",instance="{instance}"}}', "value": value}
 
-    test = {
-        "rule_files": [],
-        "evaluation_interval": "1m",
-        "tests": [
-            {
-                "interval": "1m",
-                "input_series": [{"series": s, "values": v} for s, v in series],
-                "promql_expr_test": [
-                    {
-                        "expr": expr,
-                        "eval_time": "10m",
-                        "exp_samples": [
-                            row("tgi", "a:9400", 0.1),
-                            row("tgi", "b:9400", 0.1),
-                            row("vllm", "c:9400", 0.05),
-                        ],
-                    }
-                ],
-            }
-        ],
-    }
-    path = tmp_path / "abort.yaml"
-    path.write_text(yaml.safe_dump(test, sort_keys=False))
-    result = subprocess.run([promtool, "test", "rules", str(path)], capture_output=True, text=True, timeout=60)
-    assert result.returncode == 0, result.stdout + result.stderr
+    expr_test(
+        promtool,
+        tmp_path,
+        expr,
+        series,
+        [row("tgi", "a:9400", 0.1), row("tgi", "b:9400", 0.1), row("vllm", "c:9400", 0.05)],
+    )

@@ -12,7 +12,6 @@ fleet.
 from __future__ import annotations
 
 import asyncio
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -21,7 +20,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-import yaml
 
 from inferwatch.collector.diagnosis.evaluate import AT_PROXY, diagnose
 from inferwatch.collector.diagnosis.prometheus import MEASURED_AT, fleet_queries, read_fleet
@@ -31,6 +29,7 @@ from inferwatch.core.engines import builtin_profiles
 from inferwatch.core.symptoms import Signal, Status, Symptom
 from inferwatch.proxy.client_metrics import ClientMetrics, registry_for, render
 from tests.conftest import free_port, require_tool
+from tests.support.promql_check import expr_test
 from tests.support.stack import Processes, prometheus_cmd, write_prometheus_config
 
 LACKING = V.ENGINE_LLAMACPP
@@ -39,26 +38,6 @@ HAVING = V.ENGINE_VLLM
 
 
 # -- the PromQL, on synthetic series -------------------------------------------------------------------
-def _expr_test(
-    promtool: str, tmp_path: Path, expr: str, series: list[tuple[str, str]], rows: list[dict[str, object]]
-) -> None:
-    test = {
-        "rule_files": [],
-        "evaluation_interval": "1m",
-        "tests": [
-            {
-                "interval": "1m",
-                "input_series": [{"series": s, "values": v} for s, v in series],
-                "promql_expr_test": [{"expr": expr, "eval_time": "10m", "exp_samples": rows}],
-            }
-        ],
-    }
-    path = tmp_path / "fallback.yaml"
-    path.write_text(yaml.safe_dump(test, sort_keys=False))
-    result = subprocess.run([promtool, "test", "rules", str(path)], capture_output=True, text=True, timeout=60)
-    assert result.returncode == 0, result.stdout + result.stderr
-
-
 def _histogram(name: str, labels: str, per_minute: dict[str, int]) -> list[tuple[str, str]]:
     """Cumulative buckets growing by ``per_minute`` observations a minute in each bucket ``le``."""
     out, running = [], 0
@@ -107,7 +86,7 @@ def test_a_p99_the_engine_lacks_comes_from_the_proxy_on_each_of_its_targets(
         _row(LACKING, "b:9400", 0.995, proxy=True),
         _row(HAVING, "c:9400", 0.099, proxy=False),
     ]
-    _expr_test(promtool, tmp_path, expr, series, rows)
+    expr_test(promtool, tmp_path, expr, series, rows)
 
 
 def test_error_share_and_request_rate_the_engine_lacks_come_from_the_proxy(promtool: str, tmp_path: Path) -> None:
@@ -130,13 +109,13 @@ def test_error_share_and_request_rate_the_engine_lacks_come_from_the_proxy(promt
         _row(LACKING, "b:9400", 0.1, proxy=True),
         _row(HAVING, "c:9400", 0.05, proxy=False),
     ]
-    _expr_test(promtool, tmp_path, queries[Signal.ERROR_RATIO], series, error_rows)
+    expr_test(promtool, tmp_path, queries[Signal.ERROR_RATIO], series, error_rows)
     rate_rows = [
         _row(LACKING, "a:9400", 5.0, proxy=True),
         _row(LACKING, "b:9400", 5.0, proxy=True),
         _row(HAVING, "c:9400", 1.0, proxy=False),
     ]
-    _expr_test(promtool, tmp_path, queries[Signal.REQUEST_RATE], series, rate_rows)
+    expr_test(promtool, tmp_path, queries[Signal.REQUEST_RATE], series, rate_rows)
 
 
 # -- a real Prometheus: an exporter's exposition and a real proxy's families ------------------------------

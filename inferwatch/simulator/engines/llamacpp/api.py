@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -31,6 +31,7 @@ from inferwatch.simulator.engines.llamacpp.protocol import BadRequest, dumps, er
 from inferwatch.simulator.engines.llamacpp.results import CHAT, COMPLETION, NATIVE, Call, final, partial
 from inferwatch.simulator.engines.llamacpp.slots import Slots, Task
 from inferwatch.simulator.scheduler import Finish, Sequence
+from inferwatch.simulator.sse import EventStream
 
 TRUE_WORDS = ("1", "true", "on", "enabled", "yes")
 MODELS_PATHS = ("/models", "/v1/models", "/api/tags")
@@ -344,7 +345,7 @@ class LlamacppSim:
             if admitted[0][0].kind != NATIVE:
                 yield b"data: [DONE]\n\n"
 
-        return EventStream(body(), on_close=lambda: self.release(admitted))
+        return EventStream(body(), lambda: self.release(admitted), media_type="text/event-stream")
 
     # -- routes -----------------------------------------------------------------------------------------
     def build_app(self) -> FastAPI:
@@ -426,20 +427,6 @@ class ContextExceeded(Exception):
     def response(self) -> Response:
         status, body = error_body(str(self), P.EXCEED_CONTEXT, n_prompt_tokens=self.n_prompt_tokens, n_ctx=self.n_ctx)
         return Response(dumps(body), status, media_type=P.JSON_TYPE)
-
-
-class EventStream(StreamingResponse):
-    """``text/event-stream`` that runs ``on_close`` however the response ends (finished or client gone)."""
-
-    def __init__(self, content: AsyncIterator[bytes], on_close: Callable[[], None]) -> None:
-        super().__init__(content, media_type="text/event-stream")
-        self._on_close = on_close
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            self._on_close()
 
 
 def common_prefix(a: str, b: str) -> int:

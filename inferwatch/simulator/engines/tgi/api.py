@@ -8,12 +8,11 @@ import json
 import random
 import time
 import zlib
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
-from starlette.types import Receive, Scope, Send
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from inferwatch.simulator.base import RequestHandle, SimulatedEngine
 from inferwatch.simulator.engines.tgi.metrics import TgiMetrics
@@ -50,6 +49,7 @@ from inferwatch.simulator.engines.tgi.protocol import (
 from inferwatch.simulator.engines.tgi.spans import TgiSpans, incoming_context
 from inferwatch.simulator.engines.tgi.validation import Validation
 from inferwatch.simulator.scheduler import Finish, Sequence
+from inferwatch.simulator.sse import EventStream
 
 
 class ClientGone(Exception):
@@ -67,20 +67,6 @@ class TgiError(Exception):
 
     def body(self) -> dict[str, str]:
         return {"error": self.message, "error_type": self.error_type}
-
-
-class EventStream(StreamingResponse):
-    """An SSE response that always runs ``on_close`` once the response ends (finished or disconnected)."""
-
-    def __init__(self, content: AsyncIterator[bytes], headers: Mapping[str, str], on_close: Callable[[], None]) -> None:
-        super().__init__(content, headers=dict(headers))
-        self._on_close = on_close
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            self._on_close()
 
 
 class TgiSim:
@@ -300,7 +286,7 @@ class TgiSim:
             for handle in admitted:
                 self.drop(handle)
 
-        return EventStream(events(), self.stream_headers(call), on_close=close)
+        return EventStream(events(), close, headers=self.stream_headers(call))
 
     async def tokens(self, handle: RequestHandle, call: Call) -> AsyncIterator[tuple[int, dict[str, Any], bool]]:
         """(index, token, is_last) per generated token; the last one is held until the finish event."""

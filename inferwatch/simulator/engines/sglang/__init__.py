@@ -1,5 +1,10 @@
 """Simulated SGLang at commit 44cedc2b9c7dd31d9acae4498ea4fa0d3665feed (``44cedc2``), faithful on the wire.
 
+``44cedc2`` is on main between the 0.5.9 and 0.5.10 releases; its metric declarations are those of the
+0.5.9 wheel on PyPI (compared file by file: ``tests/fixtures/engines/sglang/44cedc2/SOURCE.md``, which
+also says where the released 0.5.9 differs: no ``engine_type`` on the tokenizer's series, and a
+``cache_config_info`` series before the first request).
+
 Sources (sgl-project/sglang; each file at the commit named, the stored version the reference index
 holds): ``python/sglang/srt/observability/metrics_collector.py`` and
 ``python/sglang/srt/observability/scheduler_metrics_mixin.py`` at 44cedc2b9c7dd31d9acae4498ea4fa0d3665feed

@@ -44,6 +44,10 @@ EXAMPLES = int(os.environ.get("INFERWATCH_FUZZ_EXAMPLES", "60"))
 CHECKS = [status_code_conformance, content_type_conformance, response_headers_conformance, response_schema_conformance]
 KNOWN: dict[str, str] = {}
 """Operations with a known server error outside this change (reported): fuzzed in their own (xfail) test."""
+FRAMING_HEADERS = frozenset({"transfer-encoding", "content-length"})
+PARSER_REJECTION = "Invalid HTTP request received."
+"""uvicorn's answer (400) when its HTTP parser refuses a request's framing (a made-up ``Transfer-Encoding: wN``
+header): the request never reaches the application, so the API document cannot list it."""
 DERANDOMIZE = bool(os.environ.get("CI"))
 """The same examples on every CI run (a rare new finding does not fail an unrelated submission); random
 elsewhere, so developers' runs keep exploring."""
@@ -102,6 +106,9 @@ def fuzz(url: str, labels: set[str] | None, skip: set[str], examples: int) -> li
             @given(case=operation.as_strategy(generation_mode=mode))
             def run(case: Any) -> None:
                 response = case.call(base_url=url, timeout=30)
+                sent = {str(name).lower() for name in (case.headers or {})}
+                if response.status_code == 400 and response.text == PARSER_REJECTION and sent & FRAMING_HEADERS:
+                    return  # refused by the HTTP parser, before the application
                 assert response.status_code != 500, f"500 for {case.as_curl_command()}: {response.text[:300]}"
                 case.validate_response(response, checks=CHECKS)
 

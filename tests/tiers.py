@@ -51,6 +51,7 @@ COMPONENTS: dict[str, str | None] = {
     # core
     "test_capacity.py": "core",
     "test_drift.py": "core",
+    "test_headroom_model.py": "core",
     "test_launch.py": "core",
     "test_quantile.py": "core",
     "test_vocabulary.py": "core",

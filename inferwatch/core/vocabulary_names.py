@@ -15,6 +15,7 @@ __all__ = [
     "ALERTS",
     "ALERT_ENGINE_METRICS_ABSENT",
     "ALERT_EXPORTER_TARGET_DOWN",
+    "ALERT_HEADROOM_LOW",
     "ALERT_KV_EXHAUSTION_PREDICTED",
     "ALERT_KV_SATURATED",
     "ALERT_PREEMPTIONS_SUSTAINED",
@@ -24,6 +25,8 @@ __all__ = [
     "BUCKETS_TOKENS",
     "BUCKETS_TPOT",
     "BUCKETS_TTFT",
+    "CAPACITY_CONCURRENCY_RECORD",
+    "CAPACITY_REQUESTS_PER_SECOND_RECORD",
     "ENGINES",
     "ENGINE_LLAMACPP",
     "ENGINE_SGLANG",
@@ -32,6 +35,7 @@ __all__ = [
     "ENGINE_TRTLLM",
     "ENGINE_VLLM",
     "FALSE",
+    "HEADROOM_RATIO_RECORD",
     "INFO_LABELS",
     "LABEL_BLOCK_SIZE",
     "LABEL_DP_RANK",
@@ -57,6 +61,7 @@ __all__ = [
     "OUTCOME_LENGTH",
     "OUTCOME_STOP",
     "PROXY_SERVICE",
+    "REPLICAS_NEEDED_RECORD",
     "ROLES",
     "ROLE_DECODE",
     "ROLE_PREFILL",
@@ -296,6 +301,16 @@ SLO_PERIOD_BURN_RATE_RECORD: Final = "slo:period_burn_rate:ratio"
 SLO_SERVICE_LABEL: Final = "service"
 """The SLO file's ``service`` on every SLO series and alert: two files may reuse an SLO name."""
 
+# --- headroom: the capacity each replica has before an SLO breaks (inferwatch.core.headroom) ------
+HEADROOM_RATIO_RECORD: Final = "llm:headroom_ratio"
+"""Per replica: the request rate at which its first SLO breaks over its current rate (< 1: over the edge)."""
+CAPACITY_REQUESTS_PER_SECOND_RECORD: Final = "llm:capacity_requests_per_second"
+"""Per replica: the request rate at which its first SLO (or its KV cache) breaks."""
+CAPACITY_CONCURRENCY_RECORD: Final = "llm:capacity_concurrency"
+"""Per replica: the running batch at which its first SLO (or its KV cache) breaks."""
+REPLICAS_NEEDED_RECORD: Final = "llm:replicas_needed"
+"""Per model: replicas that hold its SLOs at the current load."""
+
 ALERT_SLO_BURN: Final = "SLOErrorBudgetBurn"
 ALERT_KV_SATURATED: Final = "LLMKVCacheSaturated"
 ALERT_KV_EXHAUSTION_PREDICTED: Final = "LLMKVCacheExhaustionPredicted"
@@ -303,6 +318,8 @@ ALERT_PREEMPTIONS_SUSTAINED: Final = "LLMPreemptionsSustained"
 ALERT_QUEUE_BACKLOG_GROWING: Final = "LLMQueueBacklogGrowing"
 ALERT_EXPORTER_TARGET_DOWN: Final = "LLMExporterTargetDown"
 ALERT_ENGINE_METRICS_ABSENT: Final = "LLMEngineMetricsAbsent"
+ALERT_HEADROOM_LOW: Final = "LLMHeadroomLow"
+"""A replica's headroom is low: warns before the burn-rate alerts fire (joins ``SATURATION_ALERTS`` with its rule)."""
 SATURATION_ALERTS: Final[tuple[str, ...]] = (
     ALERT_KV_SATURATED,
     ALERT_KV_EXHAUSTION_PREDICTED,

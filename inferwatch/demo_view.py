@@ -129,7 +129,7 @@ def view(members: list[Member], title: str, insight: Insight | None = None, widt
     """The live view: one row per engine, then firing incidents. Fits ``width`` columns (80 by default)."""
     insight = insight or Insight()
     table = Table(
-        title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1), collapse_padding=True
+        title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 0), collapse_padding=True
     )
     columns = (
         ("engine", "left"),
@@ -137,7 +137,7 @@ def view(members: list[Member], title: str, insight: Insight | None = None, widt
         ("TTFT99", "right"),
         ("exact", "right"),
         ("TPOT99", "right"),
-        ("run/wt", "right"),
+        ("run/wait", "right"),
         ("KV", "right"),
         ("pre/s", "right"),
         ("burn", "right"),

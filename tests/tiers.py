@@ -125,6 +125,7 @@ COMPONENTS: dict[str, str | None] = {
     "test_proxy_upstream.py": "proxy",
     # cli
     "test_cli.py": "cli",
+    "test_demo_view.py": "cli",
     "test_oncall_cli.py": "cli",
     # the whole
     "test_e2e_prometheus.py": "stack",

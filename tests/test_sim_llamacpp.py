@@ -32,6 +32,7 @@ from inferwatch.simulator.engines.llamacpp import metrics as m
 from inferwatch.simulator.server import create_app, default_params
 from tests.conftest import ENGINE_FIXTURES, in_process, served_in_thread
 from tests.fidelity import diff, schema
+from tests.support.asgi_client import leaving_client
 
 CAPTURE = ENGINE_FIXTURES / V.ENGINE_LLAMACPP / "b11312-cpu"
 RAW = CAPTURE / "raw"
@@ -494,42 +495,12 @@ def test_official_openai_client() -> None:
     assert "".join(c.choices[0].delta.content or "" for c in content_chunks)
 
 
-async def leave_mid_stream(app: FastAPI, body: dict[str, Any], after_events: int) -> int:
-    """POST ``body`` over raw ASGI and disconnect after ``after_events`` SSE events (httpx's in-process
-    transport buffers whole responses, so it cannot leave); the events received."""
-    payload = json.dumps(body).encode()
-    sent, events = False, 0
-    leave = asyncio.Event()
-
-    async def receive() -> dict[str, Any]:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": payload, "more_body": False}
-        await leave.wait()
-        return {"type": "http.disconnect"}
-
-    async def send(message: Any) -> None:
-        nonlocal events
-        if message["type"] == "http.response.body":
-            events += message.get("body", b"").count(b"data: ")
-            if events >= after_events:
-                leave.set()
-
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
-    scope: dict[str, Any] = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST"}
-    scope |= {"scheme": "http", "path": "/completion", "raw_path": b"/completion", "query_string": b"", "root_path": ""}
-    scope |= {"headers": headers, "client": ("127.0.0.1", 40000), "server": ("sim", 80), "state": {}}
-    await app(scope, receive, send)
-    return events
-
-
 def test_a_client_that_leaves_frees_its_slot() -> None:
     async def run(clock: VirtualClock) -> tuple[int, list[Any], str]:
         app, sim = build(clock, LlamacppOptions())
         async with in_process(app) as c:
             body = {"prompt": "Tell me everything", "n_predict": 500, "stream": True}
-            events = await leave_mid_stream(app, body, after_events=3)
+            _, events = await leaving_client(app, "/completion", body, asyncio.Event(), after_events=3)
             await until(clock, lambda: not sim.engine.model.running)
             return events, (await c.get("/slots")).json(), (await c.get("/metrics")).text
 

@@ -10,7 +10,7 @@ import asyncio
 import json
 import re
 import socket
-from collections.abc import AsyncIterator, Callable, MutableMapping
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -34,6 +34,7 @@ from inferwatch.simulator.server import create_app
 from tests.conftest import ENGINE_FIXTURES, in_process
 from tests.fidelity import diff, schema
 from tests.helpers import le_sets, value
+from tests.support.asgi_client import leaving_client
 
 FIXTURE = ENGINE_FIXTURES / "tgi" / "3.3.7"
 FIXTURE_TEXT = (FIXTURE / "metrics.txt").read_text()
@@ -77,50 +78,6 @@ async def until(clock: VirtualClock, cond: Callable[[], Any], timeout: float = 5
         if clock.now() > deadline:
             raise AssertionError("condition not met in time")
         await clock.sleep(0.001)
-
-
-async def leaving_client(app: FastAPI, path: str, body: Any, leave: asyncio.Event, after_events: int = 0) -> int:
-    """POST ``body`` over raw ASGI and go away once ``leave`` is set (or after ``after_events`` SSE events);
-    the response status. httpx's in-process transport buffers whole responses, so it cannot leave."""
-    payload = json.dumps(body).encode()
-    sent = False
-    status = 0
-    events = 0
-
-    async def receive() -> dict[str, Any]:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": payload, "more_body": False}
-        await leave.wait()
-        return {"type": "http.disconnect"}
-
-    async def send(message: MutableMapping[str, Any]) -> None:
-        nonlocal status, events
-        if message["type"] == "http.response.start":
-            status = message["status"]
-        elif message["type"] == "http.response.body":
-            events += message.get("body", b"").count(b"data:")
-            if after_events and events >= after_events:
-                leave.set()
-
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0", "spec_version": "2.3"},
-        "http_version": "1.1",
-        "method": "POST",
-        "scheme": "http",
-        "path": path,
-        "raw_path": path.encode(),
-        "query_string": b"",
-        "root_path": "",
-        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())],
-        "client": ("127.0.0.1", 40000),
-        "server": ("sim", 80),
-        "state": {},
-    }
-    await app(scope, receive, send)
-    return status
 
 
 def sse_events(body: str) -> list[Any]:
@@ -178,8 +135,8 @@ async def run_workload(clock: VirtualClock) -> Workload:
         impatient = asyncio.create_task(leaving_client(app, "/generate", gen(max_new_tokens=400), leave))
         await until(clock, lambda: engine.model.running)
         leave.set()
-        assert await impatient == 499
-        assert await leaving_client(app, "/generate_stream", gen(max_new_tokens=400), asyncio.Event(), 2) == 200
+        assert (await impatient)[0] == 499
+        assert (await leaving_client(app, "/generate_stream", gen(max_new_tokens=400), asyncio.Event(), 2))[0] == 200
         scrapes: list[str] = []
 
         async def dropped() -> bool:

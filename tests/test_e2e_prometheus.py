@@ -44,6 +44,16 @@ FAST_ALERTS = {
     "period_rules_interval": "5s",
 }
 
+FAST_HEADROOM = {"step": "5s", "window": "30s"}
+FITTED_RECORDS = (
+    V.HEADROOM_RATIO_RECORD,
+    V.CAPACITY_REQUESTS_PER_SECOND_RECORD,
+    V.CAPACITY_CONCURRENCY_RECORD,
+    V.REPLICAS_NEEDED_RECORD,
+)
+"""Headroom records that exist only once a replica's batch has varied enough for the TPOT fit: a
+steady simulator may never give them in a test's minute. tests/alerts/headroom.yaml proves them."""
+
 
 @dataclass
 class Stack:
@@ -73,6 +83,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     slo_text = (ROOT / "inferwatch" / "alerts" / "slos.yaml").read_text()
     spec = parse_slos(slo_text, "slos.yaml", V.Vocabulary())
     spec = spec.model_copy(update={"alerts": spec.alerts.model_copy(update=FAST_ALERTS)})
+    spec = spec.model_copy(update={"headroom": spec.headroom.model_copy(update=FAST_HEADROOM)})
     files = generate_alerts(spec, V.Vocabulary())
     (tmp / "rules.yml").write_text(files["rules.yml"])
     procs = Processes(tmp / "logs", cwd=ROOT)
@@ -183,6 +194,8 @@ def test_every_dashboard_query_returns_series(stack: Stack) -> None:
         if not result:
             if "ALERTS" in expr:
                 continue  # no alert firing is a valid, empty answer
+            if any(record in expr for record in FITTED_RECORDS):
+                continue  # no fit yet is a valid, empty answer (the load and its inputs are checked)
             problems.append(f"{uid} / {panel}: no series for {expr}")
             continue
         if query.per_engine:

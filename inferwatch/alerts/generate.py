@@ -11,6 +11,7 @@ from __future__ import annotations
 from decimal import Decimal
 from typing import Any
 
+from inferwatch.alerts.headroom_rules import headroom_groups
 from inferwatch.core import knowledge
 from inferwatch.core import vocabulary as V
 from inferwatch.core.engines import builtin_profiles
@@ -241,12 +242,15 @@ def saturation_alerts(settings: SLOFile) -> list[dict[str, Any]]:
         V.ALERT_QUEUE_BACKLOG_GROWING: V.SEVERITY_PAGE,
         V.ALERT_EXPORTER_TARGET_DOWN: V.SEVERITY_PAGE,
         V.ALERT_ENGINE_METRICS_ABSENT: V.SEVERITY_TICKET,
+        V.ALERT_HEADROOM_LOW: V.SEVERITY_TICKET,
         **a.severities,
     }
     kv = V.KV_CACHE_USAGE.name
     waiting, running = V.REQUESTS_WAITING.name, V.REQUESTS_RUNNING.name
     horizon = a.kv_cache_prediction_horizon_minutes
     canonical = _series_names(tuple(m for m in V.CANONICAL_METRICS if m is not V.ENGINE_INFO))
+
+    h = settings.headroom
 
     def rule(name: str, expr: str, for_: str, summary: str, description: str) -> dict[str, Any]:
         return {
@@ -328,6 +332,17 @@ def saturation_alerts(settings: SLOFile) -> list[dict[str, Any]]:
             "engine's metrics are disabled (vLLM --disable-log-stats, trtllm-serve without return_perf_metrics), "
             f"renamed (see {V.EXPORTER_UNMAPPED_FAMILIES.name}) or the engine was never used since it started.",
         ),
+        rule(
+            V.ALERT_HEADROOM_LOW,
+            f"{V.HEADROOM_RATIO_RECORD} < {h.low_ratio:g}",
+            h.low_for,
+            "A replica is near the load at which its first SLO breaks.",
+            f'{where} can take {{{{ $value | printf "%.2f" }}}}x its current load before '
+            "{{ $labels.limiting_slo }} breaks (alert below "
+            f"{h.low_ratio:g}x; under 1 it is over the edge). The burn-rate alerts follow if the load keeps "
+            f"growing. Check {V.REPLICAS_NEEDED_RECORD} for the model and add replicas, or shed load at the "
+            "router; `inferwatch headroom` shows each limit and its evidence.",
+        ),
     ]
 
 
@@ -339,6 +354,7 @@ def rules_document(spec: SLOFile, vocabulary: V.Vocabulary) -> dict[str, Any]:
         slow = spec.alerts.period_rules_interval
         groups.append({"name": f"{prefix}-period", "interval": slow, "rules": period_rules(slo, spec)})
         groups.append({"name": f"{prefix}-alerts", "rules": burn_alerts(slo, spec)})
+    groups += headroom_groups(spec)
     groups.append({"name": "inferwatch-llm-saturation", "rules": saturation_alerts(spec)})
     return {"groups": groups}
 
@@ -435,6 +451,19 @@ RUNBOOK: dict[str, tuple[str, str, str]] = {
         f"`{V.EXPORTER_UNMAPPED_FAMILIES.name}`.",
         "Enable the engine's metrics (vLLM without --disable-log-stats, trtllm-serve return_perf_metrics), or map "
         "the renamed families in the engine's adapter.",
+    ),
+    V.ALERT_HEADROOM_LOW: (
+        "At the current load, the replica is close to the load at which its first SLO (the `limiting_slo` "
+        "label: an SLO name, or `kv_cache` for the first preemption) breaks. The headroom is that load over "
+        "the current one, estimated from the replica's own history over the SLO file's `headroom.window` "
+        "(docs/headroom.md). It fires before the burn-rate alerts: nothing is broken yet.",
+        f"`inferwatch headroom --prometheus URL` (or `GET /api/v1/headroom`) lists every limit of the replica "
+        f"with its evidence queries; the LLM Fleet dashboard's Headroom row shows `{V.HEADROOM_RATIO_RECORD}`, "
+        f"capacity against load and `{V.REPLICAS_NEEDED_RECORD}` per model.",
+        f"Scale out to `{V.REPLICAS_NEEDED_RECORD}` replicas of the model (the generated KEDA ScaledObject or "
+        "HPA does it), or shed load at the router. If the limit is `kv_cache`, more KV cache per replica also "
+        "helps (raise GPU memory utilization, quantize the KV cache). If the headroom moved without a load "
+        "change, prompts grew longer or prefix-cache hits fell: the model scales the current mix.",
     ),
 }
 

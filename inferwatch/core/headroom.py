@@ -290,7 +290,9 @@ def _slo_concurrency(
         return None, why or "unknown"
     n = curve.reaches(slo.threshold_seconds / (_ratio(window, slo) or 1.0))
     cap = window.max_concurrency if slo.metric != TPOT else None
-    if cap is not None and cap > 0:
+    # an engine's "max concurrency" is not always its batch cap (vLLM's is the KV cache's room for
+    # full-length requests): one the replica already runs above is not a cap
+    if cap is not None and cap > 0 and curves is not None and cap >= curves.n0:
         n = cap if n is None else min(n, cap)
     if n is None:
         return None, f"{slo.metric} does not grow with the batch and the engine reveals no concurrency cap"

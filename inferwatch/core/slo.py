@@ -237,12 +237,52 @@ class AlertSettings(BaseModel):
         return value
 
 
+class HeadroomRules(BaseModel):
+    """How the headroom recording rules and the low-headroom alert read the replicas (docs/headroom.md)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    window: str = "30m"
+    """the history each replica's headroom is estimated from."""
+    step: str = "1m"
+    """the evaluation interval, and the sub-window of one (running batch, TPOT) point of the fit."""
+    low_ratio: float = Field(1.25, gt=0)
+    """the low-headroom alert fires below this headroom (1: the load is at the first SLO's limit)."""
+    low_for: str = "15m"
+    kv_fluctuation_z: float = Field(3.0, ge=0)
+    """standard deviations of the running count kept free in the KV cache."""
+    min_points: int = Field(4, ge=3)
+    """sub-window points the TPOT fit needs."""
+
+    @field_validator("window", "step", "low_for")
+    @classmethod
+    def _durations(cls, value: str) -> str:
+        if not re.match(r"^\d+[smh]$", value):
+            raise ValueError(f"{value!r} is not a Prometheus duration like 30m")
+        return value
+
+    @model_validator(mode="after")
+    def _points_fit(self) -> HeadroomRules:
+        if duration_seconds(self.window) < self.min_points * duration_seconds(self.step):
+            raise ValueError(f"window {self.window} holds fewer than min_points={self.min_points} steps of {self.step}")
+        return self
+
+
+def duration_seconds(text: str) -> int:
+    """``30m`` -> 1800 (a Prometheus duration of one unit: s, m, h, d or w)."""
+    m = re.match(r"^(\d+)([smhdw])$", text)
+    if not m:
+        raise ValueError(f"{text!r} is not a Prometheus duration like 5m")
+    return int(m.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}[m.group(2)]
+
+
 class SLOFile(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     service: str = "llm-serving"
     slos: list[SLO] = Field(min_length=1)
     alerts: AlertSettings = Field(default_factory=AlertSettings)
+    headroom: HeadroomRules = Field(default_factory=HeadroomRules)
 
     @field_validator("service")
     @classmethod

@@ -35,6 +35,10 @@ __all__ = [
     "ENGINE_TRTLLM",
     "ENGINE_VLLM",
     "FALSE",
+    "HEADROOM_KV_LIMIT",
+    "HEADROOM_LIMIT_CONCURRENCY_RECORD",
+    "HEADROOM_LIMIT_RATE_RECORD",
+    "HEADROOM_PARTS",
     "HEADROOM_RATIO_RECORD",
     "INFO_LABELS",
     "LABEL_BLOCK_SIZE",
@@ -44,6 +48,7 @@ __all__ = [
     "LABEL_GPU_MEMORY_UTILIZATION",
     "LABEL_KV_CACHE_DTYPE",
     "LABEL_LE",
+    "LABEL_LIMITING_SLO",
     "LABEL_LORA_ADAPTER",
     "LABEL_MAX_CONCURRENCY",
     "LABEL_METRIC",
@@ -54,6 +59,7 @@ __all__ = [
     "LABEL_REASON",
     "LABEL_ROLE",
     "LABEL_TARGET",
+    "LOAD_REQUESTS_PER_SECOND_RECORD",
     "LONG_WINDOW_LABEL",
     "OUTCOMES",
     "OUTCOME_ABORT",
@@ -100,6 +106,7 @@ __all__ = [
     "UNKNOWN",
     "format_le",
     "format_value",
+    "headroom_record",
     "is_label_name",
     "slo_error_ratio",
 ]
@@ -309,7 +316,42 @@ CAPACITY_REQUESTS_PER_SECOND_RECORD: Final = "llm:capacity_requests_per_second"
 CAPACITY_CONCURRENCY_RECORD: Final = "llm:capacity_concurrency"
 """Per replica: the running batch at which its first SLO (or its KV cache) breaks."""
 REPLICAS_NEEDED_RECORD: Final = "llm:replicas_needed"
-"""Per model: replicas that hold its SLOs at the current load."""
+"""Per model (and role): replicas that hold its SLOs at the current load."""
+LOAD_REQUESTS_PER_SECOND_RECORD: Final = "llm:load_requests_per_second"
+"""Per replica: its current load, served requests per second plus the queue's growth."""
+HEADROOM_LIMIT_RATE_RECORD: Final = "llm:headroom_limit_requests_per_second"
+"""Per replica and limit (``slo`` = an SLO name or ``HEADROOM_KV_LIMIT``): the rate at which it breaks."""
+HEADROOM_LIMIT_CONCURRENCY_RECORD: Final = "llm:headroom_limit_concurrency"
+"""Per replica and limit: the running batch at which it breaks."""
+HEADROOM_KV_LIMIT: Final = "kv_cache"
+"""The limit (``limiting_slo``) reached when the KV cache runs out (the first preemption) before any SLO."""
+LABEL_LIMITING_SLO: Final = "limiting_slo"
+"""On the capacity and headroom records: the SLO name (or ``HEADROOM_KV_LIMIT``) that breaks first."""
+HEADROOM_PARTS: Final[tuple[str, ...]] = (
+    "batch",
+    "tpot_mean",
+    "batch_tpot",
+    "batch_squared",
+    "tpot_squared",
+    "tpot_intercept",
+    "tpot_slope",
+    "ttft_intercept",
+    "ttft_slope",
+    "e2e_intercept",
+    "e2e_slope",
+    "residence_intercept",
+    "residence_slope",
+    "current_batch",
+    "served_requests_per_second",
+    "quantile_ratio",
+    "kv_tokens_per_request",
+    "kv_capacity_tokens",
+    "queue_seconds",
+    "prompt_tokens",
+    "output_tokens",
+    "prefill_seconds_per_token",
+)
+"""The headroom rules' intermediate records, each ``llm:headroom_<part>`` (:func:`headroom_record`)."""
 
 ALERT_SLO_BURN: Final = "SLOErrorBudgetBurn"
 ALERT_KV_SATURATED: Final = "LLMKVCacheSaturated"
@@ -319,7 +361,7 @@ ALERT_QUEUE_BACKLOG_GROWING: Final = "LLMQueueBacklogGrowing"
 ALERT_EXPORTER_TARGET_DOWN: Final = "LLMExporterTargetDown"
 ALERT_ENGINE_METRICS_ABSENT: Final = "LLMEngineMetricsAbsent"
 ALERT_HEADROOM_LOW: Final = "LLMHeadroomLow"
-"""A replica's headroom is low: warns before the burn-rate alerts fire (joins ``SATURATION_ALERTS`` with its rule)."""
+"""A replica's headroom is low: warns before the burn-rate alerts fire."""
 SATURATION_ALERTS: Final[tuple[str, ...]] = (
     ALERT_KV_SATURATED,
     ALERT_KV_EXHAUSTION_PREDICTED,
@@ -327,9 +369,17 @@ SATURATION_ALERTS: Final[tuple[str, ...]] = (
     ALERT_QUEUE_BACKLOG_GROWING,
     ALERT_EXPORTER_TARGET_DOWN,
     ALERT_ENGINE_METRICS_ABSENT,
+    ALERT_HEADROOM_LOW,
 )
 """The saturation and health alerts (everything but the SLO burn-rate alert)."""
 ALERTS: Final[tuple[str, ...]] = (ALERT_SLO_BURN, *SATURATION_ALERTS)
+
+
+def headroom_record(part: str) -> str:
+    """``llm:headroom_<part>``, one of :data:`HEADROOM_PARTS`."""
+    if part not in HEADROOM_PARTS:
+        raise ValueError(f"no headroom record part {part!r}")
+    return f"llm:headroom_{part}"
 
 
 _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*\Z")

@@ -194,9 +194,16 @@ def _key(labels: Mapping[str, str]) -> TargetKey:
 
 
 async def _query(client: httpx.AsyncClient, base_url: str, promql: str, timeout: float) -> list[dict[str, object]]:
-    url = base_url.rstrip("/") + "/api/v1/query"
+    return await api_get(client, base_url, "query", {"query": promql}, timeout)
+
+
+async def api_get(
+    client: httpx.AsyncClient, base_url: str, path: str, params: Mapping[str, str], timeout: float
+) -> list[dict[str, object]]:
+    """``GET /api/v1/<path>`` (``query`` or ``query_range``): the result list, or :class:`UpstreamError`."""
+    url = base_url.rstrip("/") + "/api/v1/" + path
     try:
-        resp = await client.get(url, params={"query": promql, "timeout": f"{timeout:g}s"}, timeout=timeout)
+        resp = await client.get(url, params={**params, "timeout": f"{timeout:g}s"}, timeout=timeout)
     except httpx.TimeoutException:
         raise UpstreamError(base_url, f"Prometheus did not answer within {timeout:g} s") from None
     except httpx.HTTPError as exc:
@@ -213,7 +220,7 @@ async def _query(client: httpx.AsyncClient, base_url: str, promql: str, timeout:
     data = body.get("data")
     result = data.get("result") if isinstance(data, dict) else None
     if not isinstance(result, list):
-        raise UpstreamError(base_url, "Prometheus answered without a result vector")
+        raise UpstreamError(base_url, "Prometheus answered without a result list")
     return [r for r in result if isinstance(r, dict)]
 
 

@@ -39,8 +39,9 @@ def _needs(panel: Panel) -> list[Query]:
     """The queries an engine must answer for the panel to show it (``signals`` stand for rule queries)."""
     out = [q for q in panel.queries if q.metrics or q.labels]
     if panel.signals:
-        # a recording rule over a histogram (a latency SLO) reads its buckets
-        reads = " ".join(f"{m.name}_bucket" for m in panel.signals if m.kind is V.Kind.HISTOGRAM)
+        # a recording rule over a histogram (a latency SLO) reads its buckets; the headroom rules' means do not
+        histograms = [m for m in panel.signals if m.kind is V.Kind.HISTOGRAM] if panel.signal_buckets else []
+        reads = " ".join(f"{m.name}_bucket" for m in histograms)
         out.append(Query(reads, "", panel.signals, False))
     return out
 

@@ -19,6 +19,8 @@ from inferwatch.dashboards import promql as P
 SCHEMA_VERSION = 39
 REFRESH_ON_TIME_RANGE_CHANGE = 2
 STACKED_FILL_OPACITY = 25
+THRESHOLDS_STYLE = "dashed+area"
+"""how a time series with thresholds draws them: a dashed line at each step, its band shaded."""
 
 PROMETHEUS_REF: dict[str, str] = {"type": M.PROMETHEUS_TYPE, "uid": f"${{{P.VAR_DATASOURCE}}}"}
 POSTGRES_REF: dict[str, str] = {"type": M.POSTGRES_TYPE, "uid": f"${{{P.VAR_SQL_DATASOURCE}}}"}
@@ -87,6 +89,9 @@ def _field_defaults(panel: M.Panel) -> dict[str, Any]:
         defaults["max"] = panel.max
     if panel.no_value:
         defaults["noValue"] = panel.no_value
+    if panel.thresholds:
+        steps = [{"color": t.color, "value": t.value} for t in panel.thresholds]
+        defaults["thresholds"] = {"mode": "absolute", "steps": steps}
     return defaults
 
 
@@ -119,6 +124,7 @@ def _panel(panel: M.Panel, pos: M.Placed, panel_id: int) -> Any:
             tooltipMode="multi",
             stacking=stacking,
             fillOpacity=STACKED_FILL_OPACITY if panel.stacked else 0,
+            thresholdsStyleMode=THRESHOLDS_STYLE if panel.thresholds else "off",
             extraJson=extra,
             **common,
         )

@@ -38,6 +38,8 @@ UNIT_TOKENS = "suffix: tokens"
 UNIT_PER_S = "suffix: /s"
 UNIT_REQUESTS = "suffix: requests"
 UNIT_BURN = "suffix: ×"
+UNIT_TIMES = "suffix: ×"
+"""a multiple of something (headroom: capacity over load)."""
 UNIT_COUNT = "short"
 UNIT_NONE = "none"
 UNIT_UP = "bool_yes_no"
@@ -80,6 +82,14 @@ class SqlQuery:
 
 
 @dataclass(frozen=True)
+class Threshold:
+    """One of Grafana's absolute threshold steps: ``color`` from ``value`` up (``None``: the base step)."""
+
+    value: float | None
+    color: str
+
+
+@dataclass(frozen=True)
 class Panel:
     title: str
     description: str
@@ -100,6 +110,11 @@ class Panel:
     """a time series whose series are stacked (shares, phases that add up)."""
     signals: tuple[V.MetricSpec, ...] = ()
     """the canonical metrics behind queries of recording rules (whose ``metrics`` are empty)."""
+    signal_buckets: bool = True
+    """the recording rules read the buckets of the histograms among ``signals`` (a latency SLO's); False
+    when they read their sums and counts only (the headroom rules' means)."""
+    thresholds: tuple[Threshold, ...] = ()
+    """Grafana's threshold steps, the base step (value ``None``) first; a time series draws them."""
     idle: str = ""
     """what an empty panel means when no engine gap explains it (default :data:`NO_DATA_YET`)."""
     no_value: str = ""

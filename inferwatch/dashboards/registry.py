@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from inferwatch.core import vocabulary as V
 from inferwatch.core.engines import builtin_profiles
 from inferwatch.core.engines.profile import EngineProfile
-from inferwatch.core.slo import SLOFile
+from inferwatch.core.slo import HeadroomRules, SLOFile
 from inferwatch.dashboards.boards import engine, fleet, kv_cache, requests, slos
 from inferwatch.dashboards.gaps import annotate
 from inferwatch.dashboards.panels import DashboardSpec, Query
@@ -25,7 +25,7 @@ def dashboards(
     built-in engine profiles by default), see :mod:`inferwatch.dashboards.gaps`.
     """
     del vocabulary  # percentiles read whatever buckets the layout has; kept for a uniform signature
-    out = [fleet.board()]
+    out = [fleet.board(spec.headroom if spec is not None else HeadroomRules())]
     if spec is not None:
         out.append(slos.board(spec))
     out += [engine.board(), kv_cache.board(), requests.board()]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from inferwatch.core import links
 from inferwatch.core import vocabulary as V
+from inferwatch.core.slo import HeadroomRules
+from inferwatch.dashboards import headroom
 from inferwatch.dashboards.panels import (
     NOTE,
     STAT,
@@ -190,8 +192,9 @@ def instance_summary() -> Panel:
     )
 
 
-def board() -> DashboardSpec:
-    """The fleet overview: totals, the per-model summary, traffic, latency, instances and saturation."""
+def board(rules: HeadroomRules) -> DashboardSpec:
+    """The fleet overview: totals, the per-model summary, traffic, latency, instances, saturation and the
+    headroom (its thresholds from ``rules``, the SLO file's or the defaults)."""
     up_sel = selector(model=False)
     tok = (V.PROMPT_TOKENS, V.GENERATION_TOKENS)
     rank = (V.LABEL_DP_RANK,)
@@ -460,10 +463,12 @@ def board() -> DashboardSpec:
             max=1,
         ),
     ]
+    per_model = selector(engine=False, instance=False)
+    panels += headroom.row(rules, headroom.Selectors(selector(), selector(), per_model, per_model))
     return DashboardSpec(
         UID,
         links.DASHBOARD_TITLES[UID],
-        f"Traffic, latency, instances and saturation of every engine and model. {NOTE}",
+        f"Traffic, latency, instances, saturation and headroom of every engine and model. {NOTE}",
         prom_variables(),
         tuple(panels),
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 from inferwatch.core import links
 from inferwatch.core import vocabulary as V
 from inferwatch.core.slo import SLO, SLOFile, alert_windows, decimal_text
+from inferwatch.dashboards import headroom
 from inferwatch.dashboards.panels import (
     NOTE,
     STAT,
@@ -143,8 +144,15 @@ def _slo_panels(slo: SLO, service: str) -> list[Panel | Row]:
     ]
 
 
+def headroom_selectors(spec: SLOFile) -> headroom.Selectors:
+    """The headroom of this SLO file: its rules label every headroom record with its service, as the SLO
+    records (another SLO file in the same Prometheus records its own)."""
+    mine = f'{{{V.SLO_SERVICE_LABEL}="{spec.service}"}}'
+    return headroom.Selectors(mine, mine, mine, mine)
+
+
 def board(spec: SLOFile) -> DashboardSpec:
-    """The firing burn-rate alerts, then one row of panels per SLO of ``spec``."""
+    """The firing burn-rate alerts, one row of panels per SLO of ``spec``, then the headroom."""
     firing = f'ALERTS{{alertname="{V.ALERT_SLO_BURN}", alertstate="firing", {V.SLO_SERVICE_LABEL}="{spec.service}"}}'
     labels = (V.SLO_LABEL, V.SEVERITY_LABEL, V.LONG_WINDOW_LABEL, V.SHORT_WINDOW_LABEL)
     panels: list[Panel | Row] = [
@@ -161,10 +169,11 @@ def board(spec: SLOFile) -> DashboardSpec:
     ]
     for slo in spec.slos:
         panels += _slo_panels(slo, spec.service)
+    panels += headroom.row(spec.headroom, headroom_selectors(spec))
     return DashboardSpec(
         UID,
         links.DASHBOARD_TITLES[UID],
-        f"Service level objectives of {spec.service}: SLI, error budget and burn rates. {NOTE}",
+        f"Service level objectives of {spec.service}: SLI, error budget, burn rates and headroom. {NOTE}",
         (datasource_variable(),),
         tuple(panels),
         ("inferwatch", "llm", "slo"),

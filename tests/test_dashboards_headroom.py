@@ -16,7 +16,7 @@ from inferwatch.alerts.generate import generate as generate_alerts
 from inferwatch.core import vocabulary as V
 from inferwatch.core.engines import builtin_profiles
 from inferwatch.core.slo import HeadroomRules, SLOFile, load
-from inferwatch.dashboards import headroom
+from inferwatch.dashboards import headroom_row
 from inferwatch.dashboards import panels as M
 from inferwatch.dashboards.boards import fleet, slos
 from inferwatch.dashboards.generate import generate
@@ -60,7 +60,7 @@ def _rendered(spec: SLOFile | None) -> dict[str, dict[str, Any]]:
 def _row(board: dict[str, Any]) -> list[dict[str, Any]]:
     """The panels after the Headroom row header, up to the next row."""
     panels = board["panels"]
-    start = next(i for i, p in enumerate(panels) if p["type"] == "row" and p["title"] == headroom.ROW_TITLE)
+    start = next(i for i, p in enumerate(panels) if p["type"] == "row" and p["title"] == headroom_row.ROW_TITLE)
     out = []
     for p in panels[start + 1 :]:
         if p["type"] == "row":
@@ -93,7 +93,9 @@ def test_both_boards_have_the_row_reading_the_records(spec: SLOFile) -> None:
             assert "docs/headroom.md" in panel["description"], (uid, panel["title"])
             assert panel["gridPos"]["w"] == 12 and panel["gridPos"]["h"] == 8, (uid, panel["title"])
     # only these two boards carry it
-    others = {uid for uid, board in boards.items() if any(p["title"] == headroom.ROW_TITLE for p in board["panels"])}
+    others = {
+        uid for uid, board in boards.items() if any(p["title"] == headroom_row.ROW_TITLE for p in board["panels"])
+    }
     assert others == set(BOARDS)
 
 
@@ -165,16 +167,16 @@ def test_empty_headroom_says_why_without_bucket_reasons(spec: SLOFile) -> None:
     bucket_reasons = {
         profile.bucketless[m.key]
         for profile in profiles.values()
-        for m in headroom.SIGNALS
+        for m in headroom_row.SIGNALS
         if m.key in profile.bucketless and m.key not in profile.unsupported
     }
     assert bucket_reasons, "no engine lacks only the buckets of a signal: the check proves nothing"
     for uid in BOARDS:
         for panel in _row(boards[uid]):
             text = panel["fieldConfig"]["defaults"]["noValue"]
-            assert text.endswith(headroom.no_data(spec.headroom)[1:]), text
+            assert text.endswith(headroom_row.no_data(spec.headroom)[1:]), text
             for name, profile in profiles.items():
-                lacks = [profile.unsupported[m.key] for m in headroom.SIGNALS if m.key in profile.unsupported]
+                lacks = [profile.unsupported[m.key] for m in headroom_row.SIGNALS if m.key in profile.unsupported]
                 assert (f"Not exposed by {profile.title}:" in text) == bool(lacks), (uid, name)
                 assert all(reason in text for reason in lacks)
             assert not any(reason in text for reason in bucket_reasons), (uid, panel["title"])
@@ -206,7 +208,7 @@ def test_headroom_panels_keep_their_place(spec: SLOFile) -> None:
         if board.uid not in BOARDS:
             continue
         titles = [item.title for item in board.panels]
-        start = titles.index(headroom.ROW_TITLE)
+        start = titles.index(headroom_row.ROW_TITLE)
         assert len(titles) - start == 5, board.uid
         placed = M.layout(board.panels)[start + 1 :]
         assert [(p.x, p.w) for p in placed] == [(0, 12), (12, 12), (0, 12), (12, 12)]

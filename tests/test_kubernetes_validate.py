@@ -306,8 +306,8 @@ BAD = [
     *(pytest.param(K.changed(DASHBOARD, p, v, delete=v is None), e, id=i) for i, (p, v, e) in DASHBOARD_BAD.items()),
     # no schema at all
     pytest.param(
-        {"apiVersion": "keda.sh/v1alpha1", "kind": "ScaledObject", "metadata": {"name": "x"}},
-        "no schema for ScaledObject",
+        {"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "x"}},
+        "no schema for Widget",
         id="unknown-kind",
     ),
     pytest.param({"kind": "ConfigMap", "metadata": {"name": "x"}}, "apiVersion: required", id="no-api-version"),

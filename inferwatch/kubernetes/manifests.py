@@ -8,7 +8,10 @@
   ``monitoring/`` (:mod:`.monitoring`), ``dashboards/`` (:mod:`.dashboard_maps`);
 * ``sidecars/<engine>-exporter/`` and ``sidecars/<engine>-proxy/``: kustomize Components patching
   your engine Deployments, and ``examples/``: example engines with the sidecars
-  (:mod:`.sidecars`), each its own kustomization, so that applying the tree starts no GPU pod.
+  (:mod:`.sidecars`), each its own kustomization, so that applying the tree starts no GPU pod;
+* ``autoscaling/<engine>-keda/`` and ``autoscaling/<engine>-hpa/``: Components sizing those Deployments on
+  the replicas-needed record, and ``autoscaling/prometheus-adapter/``: the HPAs' external rules
+  (:mod:`.autoscaling`).
 
 The labels, the Secret and its keys are described in :mod:`.kube_objects`.
 """
@@ -19,11 +22,11 @@ from typing import Any
 
 from inferwatch.core import vocabulary as V
 from inferwatch.core.slo import SLOFile
-from inferwatch.kubernetes import dashboard_maps, monitoring, sidecars, workloads
+from inferwatch.kubernetes import autoscaling, dashboard_maps, monitoring, sidecars, workloads
 from inferwatch.kubernetes.kube_objects import KubeOptions, dump, metadata
 
 KUSTOMIZATION = "kustomization.yaml"
-SEPARATE = ("sidecars/", "examples/")
+SEPARATE = ("sidecars/", "examples/", "autoscaling/")
 """Directories with kustomizations of their own, which the top one leaves out."""
 
 
@@ -48,9 +51,10 @@ def generate(spec: SLOFile, vocabulary: V.Vocabulary, options: KubeOptions) -> d
     files.update(dashboard_maps.files(spec, vocabulary, options))
     resources = sorted(files)
     files.update(sidecars.files(options))
+    files.update(autoscaling.files(spec, options))
     note = (
         "kubectl apply -k DIR: the collector (after creating its Secret), the Prometheus Operator objects and\n"
-        "the dashboards. sidecars/ and examples/ are kustomizations of their own."
+        "the dashboards. sidecars/, examples/ and autoscaling/ are kustomizations of their own."
     )
     files[KUSTOMIZATION] = dump([kustomization(options, resources)], note)
     return dict(sorted(files.items()))

@@ -46,6 +46,10 @@ from inferwatch.kubernetes.kube_objects import (
 
 COMPONENT_KIND: Final = {"apiVersion": "kustomize.config.k8s.io/v1alpha1", "kind": "Component"}
 KUSTOMIZATION_KIND: Final = {"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization"}
+EXAMPLE_MODEL: Final = "Qwen/Qwen2.5-7B-Instruct"
+"""the model every example engine serves, and the ``model`` label its exporter publishes (the autoscaling
+objects of :mod:`.autoscaling` select it): the served name where the engine reports one, llama.cpp's
+``--alias``, and the exporter's ``--model`` for Triton, whose label would be the repository's model name."""
 TGI_MAX_BATCH_TOTAL_TOKENS: Final = 16384
 """the example TGI's ``--max-batch-total-tokens``, which its exporter needs as an option for KV-cache usage."""
 EXPORTER_SIZING: Final = (
@@ -63,8 +67,9 @@ def _exporter_options(engine: str, example: bool) -> tuple[tuple[str, str], ...]
 def exporter_container(engine: str, options: KubeOptions, *, example: bool = False) -> dict[str, Any]:
     """The exporter beside ``engine`` in its pod: target ``localhost``, port ``metrics``, restricted."""
     facts = topology.engine_facts(engine)
+    model = EXAMPLE_MODEL if example and engine == V.ENGINE_TRITON else None
     args = topology.exporter_args(
-        engine, facts.exporter_target("localhost"), options=_exporter_options(engine, example)
+        engine, facts.exporter_target("localhost"), model=model, options=_exporter_options(engine, example)
     )
     return {
         "name": EXPORTER_CONTAINER,
@@ -123,11 +128,11 @@ def _engine_container(engine: str) -> dict[str, Any]:
     facts = topology.engine_facts(engine)
     port = facts.serving_port
     launch: dict[str, dict[str, Any]] = {
-        V.ENGINE_VLLM: {"args": ["--model", "Qwen/Qwen2.5-7B-Instruct", "--port", str(port)]},
+        V.ENGINE_VLLM: {"args": ["--model", EXAMPLE_MODEL, "--port", str(port)]},
         V.ENGINE_TGI: {
             "args": [
                 "--model-id",
-                "Qwen/Qwen2.5-7B-Instruct",
+                EXAMPLE_MODEL,
                 "--max-batch-total-tokens",
                 str(TGI_MAX_BATCH_TOTAL_TOKENS),
             ]
@@ -135,7 +140,7 @@ def _engine_container(engine: str) -> dict[str, Any]:
         V.ENGINE_TRTLLM: {
             "command": ["trtllm-serve"],
             "args": [
-                "Qwen/Qwen2.5-7B-Instruct",
+                EXAMPLE_MODEL,
                 "--host=0.0.0.0",
                 f"--port={port}",
                 "--extra_llm_api_options=/etc/trtllm/extra-llm-api-options.yaml",
@@ -151,7 +156,7 @@ def _engine_container(engine: str) -> dict[str, Any]:
             "command": ["python3", "-m", "sglang.launch_server"],
             "args": [
                 "--model-path",
-                "Qwen/Qwen2.5-7B-Instruct",
+                EXAMPLE_MODEL,
                 "--host",
                 "0.0.0.0",
                 "--port",
@@ -160,10 +165,13 @@ def _engine_container(engine: str) -> dict[str, Any]:
             ],
         },
         V.ENGINE_LLAMACPP: {
-            # the image's entrypoint is llama-server; -hf fetches the GGUF from the Hugging Face hub
+            # the image's entrypoint is llama-server; -hf fetches the GGUF from the Hugging Face hub; --alias
+            # names the model (its /props and /v1/models, so the exporter's model label) as the other examples
             "args": [
                 "-hf",
                 "Qwen/Qwen2.5-7B-Instruct-GGUF:Q4_K_M",
+                "--alias",
+                EXAMPLE_MODEL,
                 "--host",
                 "0.0.0.0",
                 "--port",

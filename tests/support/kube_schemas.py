@@ -11,6 +11,8 @@
   boolean, no ``"5"`` for an integer). The models *ignore* unknown fields (pydantic's default) and accept
   the Python names of fields (``scrape_timeout`` for ``scrapeTimeout``), so the parsed model is written
   back with the schema's names and compared with the input: a field it lost (unknown) or changed is an error.
+* **KEDA kinds** (ScaledObject, TriggerAuthentication, ...): the same way, with the pydantic models of
+  ``cloudcoil-models-keda`` (:data:`KEDA_VERSION`), generated from KEDA's CRDs.
 * **CRDs no installable package describes** (grafana-operator's GrafanaDashboard): the ``openAPIV3Schema``
   the project publishes in its CRD, stored under ``tests/fixtures/crds/`` (:data:`CRD_SCHEMAS`; where each
   comes from: ``SOURCE.md`` there), checked with ``jsonschema`` as the API server reads a structural schema:
@@ -46,6 +48,7 @@ import jsonschema  # type: ignore[import-untyped]
 import pydantic
 import referencing
 import yaml
+from cloudcoil.models.keda import v1alpha1 as keda_v1alpha1
 from cloudcoil.models.prometheus_operator import v1 as promop_v1
 from cloudcoil.models.prometheus_operator import v1alpha1 as promop_v1alpha1
 from cloudcoil.resources import Resource
@@ -58,6 +61,10 @@ every quarter."""
 PROMETHEUS_OPERATOR_VERSION = importlib.metadata.version("cloudcoil-models-prometheus-operator")
 """The Prometheus Operator release whose CRDs the models were generated from, plus a build number
 (0.80.1.0 is v0.80.1, the newest the package has for Python 3.11)."""
+
+KEDA_VERSION = importlib.metadata.version("cloudcoil-models-keda")
+"""The KEDA release whose CRDs the models were generated from, plus a build number (2.16.1.0 is v2.16.1, the
+newest the package has for Python 3.11; the ScaledObject fields the tree uses are older than 2.16)."""
 
 UNVALIDATED_KINDS: dict[tuple[str, str], str] = {}
 """(API group, kind) → why no schema checks it."""
@@ -193,12 +200,12 @@ def _crd_validator(file_name: str) -> Any:
     return jsonschema.Draft202012Validator(schema, registry=_registry(), format_checker=_FORMATS)
 
 
-# --- Prometheus Operator kinds: cloudcoil's models ------------------------------------------------
+# --- Prometheus Operator and KEDA kinds: cloudcoil's models ---------------------------------------
 @functools.cache
 def _crd_models() -> dict[tuple[str, str], type[Resource]]:
-    """(apiVersion, kind) → the model of every Prometheus Operator resource the package holds."""
+    """(apiVersion, kind) → the model of every Prometheus Operator and KEDA resource the packages hold."""
     models: dict[tuple[str, str], type[Resource]] = {}
-    for module in (promop_v1, promop_v1alpha1):
+    for module in (promop_v1, promop_v1alpha1, keda_v1alpha1):
         for _, cls in inspect.getmembers(module, inspect.isclass):
             if issubclass(cls, Resource) and cls.__module__ == module.__name__:
                 gvk = cls.gvk()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from inferwatch.core import links
 from inferwatch.core import vocabulary as V
 from inferwatch.core.slo import HeadroomRules
-from inferwatch.dashboards import headroom
+from inferwatch.dashboards import headroom_row
 from inferwatch.dashboards.panels import (
     NOTE,
     STAT,
@@ -464,7 +464,7 @@ def board(rules: HeadroomRules) -> DashboardSpec:
         ),
     ]
     per_model = selector(engine=False, instance=False)
-    panels += headroom.row(rules, headroom.Selectors(selector(), selector(), per_model, per_model))
+    panels += headroom_row.row(rules, headroom_row.Selectors(selector(), selector(), per_model, per_model))
     return DashboardSpec(
         UID,
         links.DASHBOARD_TITLES[UID],

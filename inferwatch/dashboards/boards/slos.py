@@ -5,7 +5,7 @@ from __future__ import annotations
 from inferwatch.core import links
 from inferwatch.core import vocabulary as V
 from inferwatch.core.slo import SLO, SLOFile, alert_windows, decimal_text
-from inferwatch.dashboards import headroom
+from inferwatch.dashboards import headroom_row
 from inferwatch.dashboards.panels import (
     NOTE,
     STAT,
@@ -144,11 +144,11 @@ def _slo_panels(slo: SLO, service: str) -> list[Panel | Row]:
     ]
 
 
-def headroom_selectors(spec: SLOFile) -> headroom.Selectors:
+def headroom_selectors(spec: SLOFile) -> headroom_row.Selectors:
     """The headroom of this SLO file: its rules label every headroom record with its service, as the SLO
     records (another SLO file in the same Prometheus records its own)."""
     mine = f'{{{V.SLO_SERVICE_LABEL}="{spec.service}"}}'
-    return headroom.Selectors(mine, mine, mine, mine)
+    return headroom_row.Selectors(mine, mine, mine, mine)
 
 
 def board(spec: SLOFile) -> DashboardSpec:
@@ -169,7 +169,7 @@ def board(spec: SLOFile) -> DashboardSpec:
     ]
     for slo in spec.slos:
         panels += _slo_panels(slo, spec.service)
-    panels += headroom.row(spec.headroom, headroom_selectors(spec))
+    panels += headroom_row.row(spec.headroom, headroom_selectors(spec))
     return DashboardSpec(
         UID,
         links.DASHBOARD_TITLES[UID],

@@ -18,6 +18,7 @@ from inferwatch.cli.collector import collector_app, db_app
 from inferwatch.cli.common import load_settings, reflow_help
 from inferwatch.cli.exporter import exporter_app
 from inferwatch.cli.generate import generate_app
+from inferwatch.cli.headroom_command import headroom
 from inferwatch.cli.oncall import register as register_oncall
 from inferwatch.cli.proxy import proxy
 from inferwatch.cli.simulate import demo, simulate
@@ -32,6 +33,7 @@ app.add_typer(collector_app, name="collector")
 app.add_typer(db_app, name="db")
 app.add_typer(generate_app, name="generate")
 register_oncall(app)
+app.command()(headroom)
 app.command()(simulate)
 app.command()(proxy)
 app.command()(demo)

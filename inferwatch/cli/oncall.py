@@ -49,7 +49,7 @@ SloOpt = Annotated[Path | None, typer.Option("--slo", help="SLO file (default: t
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the API's JSON answer instead of the report.")]
 
 
-def _console() -> Console:
+def console() -> Console:
     out = Console(highlight=False, soft_wrap=True)
     if not out.is_terminal:
         out = Console(highlight=False, soft_wrap=True, width=80)
@@ -60,7 +60,7 @@ def _width(out: Console) -> int:
     return max(60, min(out.width, WIDTH_MAX))
 
 
-def _oncall(
+def oncall_for(
     command: str,
     prometheus: str | None,
     exporters: list[str] | None,
@@ -91,7 +91,7 @@ def _oncall(
     )
 
 
-def _run(oncall: OnCall, work: Callable[[OnCall], Awaitable[T]]) -> T:
+def run_oncall(oncall: OnCall, work: Callable[[OnCall], Awaitable[T]]) -> T:
     from inferwatch.collector.diagnosis.diagnoser import NotConfigured
     from inferwatch.collector.diagnosis.signals import UpstreamError
     from inferwatch.core.capacity import CapacityError
@@ -111,7 +111,7 @@ def _run(oncall: OnCall, work: Callable[[OnCall], Awaitable[T]]) -> T:
         raise fail(str(exc)) from None
 
 
-def _wrap(out: Console, text: str, indent: int, first: str = "", style: str = "") -> None:
+def wrap(out: Console, text: str, indent: int, first: str = "", style: str = "") -> None:
     width = _width(out)
     lines = textwrap.wrap(
         text,
@@ -155,9 +155,9 @@ def render_diagnosis(result: Diagnosis, out: Console) -> None:
     source = (
         f"{result.source}, window {result.window}, {len(result.targets)} targets, {result.upstream_queries} queries"
     )
-    _wrap(out, f"inferwatch diagnose: {source}", 0, style="bold")
+    wrap(out, f"inferwatch diagnose: {source}", 0, style="bold")
     if result.note:
-        _wrap(out, f"note: {result.note}", 0, style="yellow")
+        wrap(out, f"note: {result.note}", 0, style="yellow")
     if not result.targets:
         out.print("No target matched.")
         return
@@ -167,22 +167,22 @@ def render_diagnosis(result: Diagnosis, out: Console) -> None:
     for finding in result.findings:
         where = f"{finding.engine} / {finding.model} @ {finding.instance}"
         head = f"{finding.severity.upper():8} {finding.symptom.value}  {where}"
-        _wrap(out, head, 0, style=SEVERITY_STYLE[finding.severity.value])
-        _wrap(out, finding.summary, 2)
-        _wrap(out, finding.cause, 2, "Cause:    ")
+        wrap(out, head, 0, style=SEVERITY_STYLE[finding.severity.value])
+        wrap(out, finding.summary, 2)
+        wrap(out, finding.cause, 2, "Cause:    ")
         for i, ev in enumerate(finding.evidence):
             label = "Evidence: " if i == 0 else "          "
             condition = f" ({ev.threshold})" if ev.threshold else ""
-            _wrap(out, f"{ev.signal} = {_fmt_value(ev.value, ev.unit)}{condition}", 2, label)
-            _wrap(out, ev.query, 14, style="dim")
+            wrap(out, f"{ev.signal} = {_fmt_value(ev.value, ev.unit)}{condition}", 2, label)
+            wrap(out, ev.query, 14, style="dim")
         for i, remedy in enumerate(finding.remedies):
-            _wrap(out, remedy, 2, "Remedy:   " if i == 0 else "          ", style="cyan" if i == 0 else "")
-        _wrap(out, f"alerts/runbooks.md#{finding.runbook}", 2, "Runbook:  ")
+            wrap(out, remedy, 2, "Remedy:   " if i == 0 else "          ", style="cyan" if i == 0 else "")
+        wrap(out, f"alerts/runbooks.md#{finding.runbook}", 2, "Runbook:  ")
         for req in finding.example_requests:
             phases = _phases(req)
             e2e = req.request_duration
             shown = f"{req.request_id or req.trace_id[:16]}: e2e {e2e:.2f} s ({phases})" if e2e else req.trace_id
-            _wrap(out, shown, 2, "Example:  ")
+            wrap(out, shown, 2, "Example:  ")
         out.print()
     _target_table(result, out)
 
@@ -224,7 +224,7 @@ def _target_table(result: Diagnosis, out: Console) -> None:
             if (target.engine, why) in seen:
                 continue
             seen.add((target.engine, why))
-            _wrap(out, f"{target.engine} {SHORT[symptom.value]}: {why}", 2, style="dim")
+            wrap(out, f"{target.engine} {SHORT[symptom.value]}: {why}", 2, style="dim")
 
 
 Fail = Literal["never", "warning", "critical"]
@@ -253,25 +253,25 @@ def diagnose(
     """
     from inferwatch.collector.diagnosis.signals import Filters
 
-    oncall = _oncall("diagnose", prometheus, exporter, timeout, interval, slo)
-    result = _run(oncall, lambda o: o.diagnose(window, Filters(engine, model, instance)))
+    oncall = oncall_for("diagnose", prometheus, exporter, timeout, interval, slo)
+    result = run_oncall(oncall, lambda o: o.diagnose(window, Filters(engine, model, instance)))
     if json_out:
         sys.stdout.write(result.model_dump_json(indent=2) + "\n")
     else:
-        render_diagnosis(result, _console())
+        render_diagnosis(result, console())
     severities = {f.severity.value for f in result.findings}
     if (fail_on == "critical" and "critical" in severities) or (fail_on == "warning" and severities):
         raise typer.Exit(1)
 
 
 def render_checklist(result: Checklist, out: Console) -> None:
-    _wrap(out, f"inferwatch checklist: {result.source}, {_plural(len(result.targets), 'target')}", 0, style="bold")
+    wrap(out, f"inferwatch checklist: {result.source}, {_plural(len(result.targets), 'target')}", 0, style="bold")
     if result.note:
-        _wrap(out, f"note: {result.note}", 0, style="yellow")
+        wrap(out, f"note: {result.note}", 0, style="yellow")
     style = {"pass": "green", "fail": "bold red", "unknown": "dim"}
     for target in result.targets:
         out.print()
-        _wrap(out, f"{target.engine} / {target.model} @ {target.instance}", 0, style="bold")
+        wrap(out, f"{target.engine} / {target.model} @ {target.instance}", 0, style="bold")
         for item in target.items:
             mark = {"pass": "PASS", "fail": "FAIL", "unknown": " ?  "}[item.verdict.value]
             line = Text("  ")
@@ -279,9 +279,9 @@ def render_checklist(result: Checklist, out: Console) -> None:
             line.append(f"  {item.question}")
             out.print(line)
             for evidence in item.evidence:
-                _wrap(out, evidence, 8, style="dim")
+                wrap(out, evidence, 8, style="dim")
             if item.remedy:
-                _wrap(out, item.remedy, 8, "→ ", style="cyan")
+                wrap(out, item.remedy, 8, "→ ", style="cyan")
 
 
 def checklist(
@@ -323,13 +323,13 @@ def checklist(
             shape = load_config(config)
         except CapacityError as exc:
             raise fail(str(exc)) from None
-    oncall = _oncall("checklist", prometheus, exporter, timeout, interval, None)
+    oncall = oncall_for("checklist", prometheus, exporter, timeout, interval, None)
     filters = Filters(engine, model, instance)
-    result = _run(oncall, lambda o: o.checklist(window, filters, launch=launch, gpu=gpu, shape=shape))
+    result = run_oncall(oncall, lambda o: o.checklist(window, filters, launch=launch, gpu=gpu, shape=shape))
     if json_out:
         sys.stdout.write(result.model_dump_json(indent=2) + "\n")
     else:
-        render_checklist(result, _console())
+        render_checklist(result, console())
 
 
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kmgt]i?b?|b)?\s*$", re.I)
@@ -391,13 +391,13 @@ def render_capacity(result: Capacity, out: Console) -> None:
         for name, value in rows:
             out.print(f"  {name:<26}{value}")
         for note in plan.notes:
-            _wrap(out, note, 2, "note: ", style="yellow")
+            wrap(out, note, 2, "note: ", style="yellow")
     for obs in result.observed:
         out.print()
-        _wrap(out, f"{obs.engine} / {obs.model} @ {obs.instance}", 0, style="bold")
-        _wrap(out, obs.summary, 2)
+        wrap(out, f"{obs.engine} / {obs.model} @ {obs.instance}", 0, style="bold")
+        wrap(out, obs.summary, 2)
     if result.note:
-        _wrap(out, f"note: {result.note}", 0, style="yellow")
+        wrap(out, f"note: {result.note}", 0, style="yellow")
 
 
 def capacity(
@@ -461,19 +461,19 @@ def capacity(
         raise fail(str(exc)) from None
     if plan is None and prometheus is None and not exporter:
         raise fail("give a config.json (or --layers, --kv-heads, --head-dim), or a target (--prometheus/--exporter)")
-    oncall = _oncall("capacity", prometheus, exporter, 5.0, 5.0, None)
-    result = _run(oncall, lambda o: o.capacity(plan, window, Filters(engine, model, instance)))
+    oncall = oncall_for("capacity", prometheus, exporter, 5.0, 5.0, None)
+    result = run_oncall(oncall, lambda o: o.capacity(plan, window, Filters(engine, model, instance)))
     if json_out:
         sys.stdout.write(result.model_dump_json(indent=2) + "\n")
     else:
-        render_capacity(result, _console())
+        render_capacity(result, console())
 
 
 def render_slos(result: SloReport, out: Console) -> None:
-    _wrap(out, f"inferwatch slos: {result.source}, {result.upstream_queries} queries", 0, style="bold")
+    wrap(out, f"inferwatch slos: {result.source}, {result.upstream_queries} queries", 0, style="bold")
     for slo in result.slos:
         out.print()
-        _wrap(out, f"{slo.name}: {slo.description} (objective {slo.objective:.2%} over {slo.period})", 0, style="bold")
+        wrap(out, f"{slo.name}: {slo.description} (objective {slo.objective:.2%} over {slo.period})", 0, style="bold")
         if not slo.groups:
             out.print(Text("  no data yet", style="dim"))
         for group in slo.groups:
@@ -481,11 +481,11 @@ def render_slos(result: SloReport, out: Console) -> None:
             sli = "-" if group.sli is None else f"{group.sli:.3%}"
             left = "-" if group.budget_remaining is None else f"{group.budget_remaining:.1%}"
             style = "bold red" if group.budget_remaining is not None and group.budget_remaining < 0 else ""
-            _wrap(out, f"{who}: SLI {sli}, budget left {left}", 2, style=style)
+            wrap(out, f"{who}: SLI {sli}, budget left {left}", 2, style=style)
             burns = "  ".join(f"{w} {'-' if b is None else f'{b:.1f}×'}" for w, b in group.burn_rates.items())
-            _wrap(out, f"burn rate: {burns}", 4, style="dim")
+            wrap(out, f"burn rate: {burns}", 4, style="dim")
         for alert in slo.firing:
-            _wrap(out, f"FIRING {alert.severity} ({alert.long_window}/{alert.short_window})", 2, style="bold red")
+            wrap(out, f"FIRING {alert.severity} ({alert.long_window}/{alert.short_window})", 2, style="bold red")
 
 
 def slos(
@@ -495,12 +495,12 @@ def slos(
     json_out: JsonOpt = False,
 ) -> None:
     """SLO status: SLI over the period, error budget left, burn rate per alert window, firing burn alerts."""
-    oncall = _oncall("slos", prometheus, None, timeout, 5.0, slo)
-    result = _run(oncall, lambda o: o.slo_status())
+    oncall = oncall_for("slos", prometheus, None, timeout, 5.0, slo)
+    result = run_oncall(oncall, lambda o: o.slo_status())
     if json_out:
         sys.stdout.write(result.model_dump_json(indent=2) + "\n")
     else:
-        render_slos(result, _console())
+        render_slos(result, console())
 
 
 def register(app: typer.Typer) -> None:

@@ -324,11 +324,15 @@ def _limit(
 
 
 def _notes(window: ReplicaWindow, curves: _Curves | None) -> tuple[str, ...]:
-    notes = [
-        f"no {s.quantile:g}-quantile-to-mean ratio of {s.metric}: its mean is held to the threshold (optimistic)"
+    missing = [
+        f"{s.quantile:g}-quantile-to-mean ratio of {s.metric}"
         for s in window.slos
         if s.metric in MODELLED and _ratio(window, s) is None and _not_served(s, window.key.role) is None
     ]
+    notes = []
+    if missing:
+        held = "its mean is held to the threshold" if len(missing) == 1 else "their means are held to the thresholds"
+        notes.append(f"no {', '.join(dict.fromkeys(missing))}: {held} (optimistic)")
     if curves is not None:
         w0 = curves.residence(curves.n0)
         if w0 is not None and w0 > 0:

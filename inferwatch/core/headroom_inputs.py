@@ -32,8 +32,10 @@ HISTOGRAMS = (
     V.REQUEST_DURATION,
     V.REQUEST_QUEUE,
     V.REQUEST_PREFILL,
+    V.INTER_TOKEN_LATENCY,
 )
-"""Histograms whose ``_sum`` and ``_count`` the model reads; the latency ones also their buckets."""
+"""Histograms whose ``_sum`` and ``_count`` the model reads; the latency ones also their buckets (the
+inter-token latency's mean stands in for the TPOT fit's points where an engine has no TPOT histogram)."""
 BUCKETED = (V.TIME_PER_OUTPUT_TOKEN, V.TIME_TO_FIRST_TOKEN, V.REQUEST_DURATION)
 
 
@@ -145,6 +147,24 @@ class _History:
     def mean_of(self, spec: V.MetricSpec, snaps: Sequence[Snapshot] | None = None) -> float | None:
         return _ratio(self.increase(f"{spec.name}_sum", snaps), self.increase(f"{spec.name}_count", snaps))
 
+    def has(self, spec: V.MetricSpec) -> bool:
+        """Whether the replica exposes the histogram at all (its count in some snapshot)."""
+        return any(v is not None for v in self.series(f"{spec.name}_count"))
+
+    def prefill_seconds(self) -> float | None:
+        """Prefill seconds over the window: the prefill histogram's sum, else TTFT's minus the queue's (an
+        engine without a prefill histogram, e.g. SGLang: the model's prefill time is TTFT minus queue)."""
+        if self.has(V.REQUEST_PREFILL):
+            return self.increase(f"{V.REQUEST_PREFILL.name}_sum")
+        ttft, queue = self.increase(f"{V.TIME_TO_FIRST_TOKEN.name}_sum"), self.increase(f"{V.REQUEST_QUEUE.name}_sum")
+        ttft_n, queue_n = (
+            self.increase(f"{V.TIME_TO_FIRST_TOKEN.name}_count"),
+            self.increase(f"{V.REQUEST_QUEUE.name}_count"),
+        )
+        if ttft is None or queue is None or not ttft_n or not queue_n:
+            return None
+        return max(0.0, ttft / ttft_n - queue / queue_n) * ttft_n
+
     def window_buckets(self, spec: V.MetricSpec) -> list[tuple[float, float]]:
         first = next((s.buckets[(self.key, spec.name)] for s in self.snaps if (self.key, spec.name) in s.buckets), None)
         last = self.snaps[-1].buckets.get((self.key, spec.name))
@@ -173,6 +193,8 @@ def _points(history: _History, step_seconds: float) -> tuple[BatchPoint, ...]:
             continue
         part = snaps[start : i + 1]
         tpot = history.mean_of(V.TIME_PER_OUTPUT_TOKEN, part)
+        if tpot is None and not history.has(V.TIME_PER_OUTPUT_TOKEN):
+            tpot = history.mean_of(V.INTER_TOKEN_LATENCY, part)
         batch = _mean(history.series(V.REQUESTS_RUNNING.name, part[1:]))
         if tpot is not None and batch is not None:
             points.append(BatchPoint(batch, tpot))
@@ -217,9 +239,7 @@ def window(history: _History, spec: SLOFile, step_seconds: float) -> ReplicaWind
         prompt_tokens_mean=_ratio(history.increase(V.PROMPT_TOKENS.name), requests),
         output_tokens_mean=_ratio(history.increase(V.GENERATION_TOKENS.name), requests),
         queue_seconds_mean=history.mean_of(V.REQUEST_QUEUE),
-        prefill_seconds_per_token=_ratio(
-            history.increase(f"{V.REQUEST_PREFILL.name}_sum"), history.increase(V.PROMPT_TOKENS.name)
-        ),
+        prefill_seconds_per_token=_ratio(history.prefill_seconds(), history.increase(V.PROMPT_TOKENS.name)),
         tpot_points=_points(history, step_seconds),
         kv_usage_mean=_mean(history.series(V.KV_CACHE_USAGE.name)),
         kv_capacity_tokens=max(capacities) if capacities else None,

@@ -33,6 +33,8 @@ class Symptom(StrEnum):
     TPOT_SLOW = "tpot_slow"
     ERROR_RATE_HIGH = "error_rate_high"
     STREAMS_ABORTED = "streams_aborted"
+    CAPACITY_EXHAUSTED = "capacity_exhausted"
+    """not in the catalogue: judged from the headroom model (docs/headroom.md), not from one signal."""
 
 
 class Status(StrEnum):

@@ -266,3 +266,26 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def expand(values: str) -> list[float]:
+    """promtool's values notation as this file writes it (``a+bxn`` and ``axn`` segments) -> the samples."""
+    out: list[float] = []
+    for token in values.split():
+        head, count = token.rsplit("x", 1)
+        start, _, step = head.partition("+")
+        out += [float(start) + float(step or 0) * j for j in range(int(count) + 1)]
+    return out
+
+
+def openmetrics(end: float) -> str:
+    """Every input series of the scenario, its last sample at ``end`` (unix seconds), for promtool's backfill."""
+    series = document()["tests"][0]["input_series"]
+    lines = []
+    for item in series:
+        name = item["series"].split("{", 1)[0]
+        values = expand(item["values"])
+        start = end - SCRAPE * (len(values) - 1)
+        lines.append(f"# TYPE {name} unknown")
+        lines += [f"{item['series']} {v:.9g} {start + SCRAPE * i:.3f}" for i, v in enumerate(values)]
+    return "\n".join([*lines, "# EOF", ""])

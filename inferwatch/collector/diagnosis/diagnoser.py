@@ -17,9 +17,10 @@ from typing import Final, cast
 import httpx
 from sqlalchemy import Engine
 
-from inferwatch.collector.diagnosis import exporter_scrape, prometheus
+from inferwatch.collector.diagnosis import exporter_scrape, headroom_sources, prometheus
 from inferwatch.collector.diagnosis.burn import SloReport, read_slos
 from inferwatch.collector.diagnosis.evaluate import Settings, diagnose
+from inferwatch.collector.diagnosis.headroom_report import HeadroomReport, capacity_findings, report
 from inferwatch.collector.diagnosis.report import (
     Capacity,
     CapacityPlan,
@@ -35,7 +36,7 @@ from inferwatch.core.capacity import CapacityError, ModelShape, Plan, plan_capac
 from inferwatch.core.engines.launch import LaunchConfig, parse_launch
 from inferwatch.core.engines.profile import EngineProfile
 from inferwatch.core.schema import E2E, QUEUE, TPOT, TTFT
-from inferwatch.core.slo import SLOFile
+from inferwatch.core.slo import HeadroomRules, SLOFile, duration_seconds
 from inferwatch.core.symptoms import Signal, Symptom
 
 EXAMPLE_SORT: Final[dict[Symptom, tuple[str, str | None]]] = {
@@ -46,6 +47,7 @@ EXAMPLE_SORT: Final[dict[Symptom, tuple[str, str | None]]] = {
     Symptom.TPOT_SLOW: (TPOT, None),
     Symptom.ERROR_RATE_HIGH: ("start_time", V.OUTCOME_ERROR),
     Symptom.STREAMS_ABORTED: ("start_time", V.OUTCOME_ABORT),
+    Symptom.CAPACITY_EXHAUSTED: (QUEUE, None),
 }
 """how a finding's example requests are picked: the column sorted on, and a finish reason to match."""
 
@@ -118,9 +120,68 @@ class OnCall:
         fleet, note = await self.fleet(window, filters)
         result = diagnose(fleet, self.profiles, self.evaluation())
         result.note = note
+        if fleet.source == "prometheus" and self.prometheus_url:
+            try:  # capacity_exhausted needs the replicas' history: Prometheus has it, two scrapes do not
+                found = await self.headroom(None, None, filters, exporters=False)
+                capacity_findings(result, found, self.slos)
+            except (UpstreamError, ValueError) as exc:
+                result.note = "; ".join(filter(None, [result.note, f"no capacity check: {exc}"]))
         if requests is not None and examples > 0 and result.findings:
             since = datetime.now(UTC) - timedelta(seconds=fleet.window_seconds)
             await asyncio.to_thread(self._examples, result, requests, since, examples)
+        return result
+
+    async def headroom(
+        self,
+        window: str | None,
+        step: str | None,
+        filters: Filters,
+        *,
+        exporters: bool = True,
+        progress: headroom_sources.Progress | None = None,
+    ) -> HeadroomReport:
+        """Every replica's headroom over ``window`` (default: the SLO file's ``headroom.window``; from
+        exporters alone, their scrapes last that long) at ``step`` (one point of the TPOT fit)."""
+        rules = self.slos.headroom if self.slos else HeadroomRules()
+        if self.slos is None:
+            raise NotConfigured("no SLO file: the headroom is measured against the SLOs")
+        note = None
+        if self.prometheus_url:
+            window_s, step_s = _window(window or rules.window, step or rules.step, rules)
+            try:
+                history = await headroom_sources.from_prometheus(
+                    self._client(),
+                    self.prometheus_url,
+                    window_seconds=window_s,
+                    step_seconds=step_s,
+                    filters=filters,
+                    timeout=self.timeout,
+                )
+                return report(history, self.slos, window or rules.window, step_s)
+            except UpstreamError as exc:
+                if not (exporters and self.exporter_urls):
+                    raise
+                note = f"Prometheus could not be read ({exc}); the exporters were scraped instead"
+        elif not (exporters and self.exporter_urls):
+            raise NotConfigured("no Prometheus URL and no exporter URL: give --prometheus-url or --exporter")
+        window, step = window or EXPORTER_WINDOW, step or EXPORTER_STEP
+        window_s, step_s = _window(window, step, rules)
+        if window_s > EXPORTER_WINDOW_MAX_S:
+            raise ValueError(
+                f"window {window}: from the exporters the window is scraped live, at most "
+                f"{EXPORTER_WINDOW_MAX_S // 60:g} minutes (Prometheus keeps the history: give its URL)"
+            )
+        history = await headroom_sources.from_exporters(
+            self._client(),
+            self.exporter_urls,
+            window_seconds=window_s,
+            step_seconds=step_s,
+            filters=filters,
+            timeout=self.timeout,
+            progress=progress,
+        )
+        result = report(history, self.slos, window, step_s)
+        result.note = note
         return result
 
     @staticmethod
@@ -195,6 +256,18 @@ class OnCall:
         if self.slos is None:
             raise NotConfigured("no SLO file")
         return await read_slos(self._client(), self.prometheus_url, self.slos, timeout=self.timeout)
+
+
+EXPORTER_WINDOW, EXPORTER_STEP = "2m", "15s"
+"""the headroom window and step from the exporters alone: scraped live, so short."""
+EXPORTER_WINDOW_MAX_S = 600.0
+
+
+def _window(window: str, step: str, rules: HeadroomRules) -> tuple[float, float]:
+    window_s, step_s = float(duration_seconds(window)), float(duration_seconds(step))
+    if window_s < rules.min_points * step_s:
+        raise ValueError(f"window {window} holds fewer than {rules.min_points} steps of {step}: the fit needs them")
+    return window_s, step_s
 
 
 def _observed(target: TargetSignals, plan: CapacityPlan | None) -> ObservedCapacity:

@@ -1,4 +1,4 @@
-"""The on-call surface: ``/api/v1/diagnose``, ``/checklist``, ``/capacity`` and ``/slos``.
+"""The on-call surface: ``/api/v1/diagnose``, ``/checklist``, ``/capacity``, ``/headroom`` and ``/slos``.
 
 Errors: a malformed parameter is a 422 naming it (as FastAPI's own validation errors do); an
 upstream (Prometheus, an exporter) that cannot be read, or none configured, is a 503 naming it.
@@ -14,6 +14,7 @@ from inferwatch.collector.api.deps import READ_RESPONSES, CollectorDep, EngineDe
 from inferwatch.collector.api.routes.request_log import unavailable
 from inferwatch.collector.diagnosis.burn import SloReport
 from inferwatch.collector.diagnosis.diagnoser import NotConfigured
+from inferwatch.collector.diagnosis.headroom_report import HeadroomReport
 from inferwatch.collector.diagnosis.report import Capacity, Checklist, Diagnosis
 from inferwatch.collector.diagnosis.signals import Filters, UpstreamError
 from inferwatch.collector.schemas import ErrorBody
@@ -151,6 +152,43 @@ async def capacity(
         return await collector.oncall.capacity(plan, window, Filters(llm_engine, model, instance))
     except CapacityError as exc:
         _invalid(str(exc).split(":", 1)[0] if ":" in str(exc) else "layers", str(exc))
+    except ValueError as exc:
+        _invalid("window", str(exc))
+    except (UpstreamError, NotConfigured) as exc:
+        _upstream(exc)
+
+
+@router.get("/headroom")
+async def headroom(
+    collector: CollectorDep,
+    window: Annotated[
+        str | None,
+        Query(
+            pattern=WINDOW_PATTERN,
+            description="History the model is fitted on (default: the SLO file's headroom.window; from the "
+            "exporters alone, 2m, scraped live, at most 10m)",
+        ),
+    ] = None,
+    step: Annotated[
+        str | None,
+        Query(
+            pattern=WINDOW_PATTERN,
+            description="One (running batch, TPOT) point of the fit (default: headroom.step; exporters: 15s)",
+        ),
+    ] = None,
+    llm_engine: EngineFilter = None,
+    model: ModelFilter = None,
+    instance: InstanceFilter = None,
+) -> HeadroomReport:
+    """Per replica: the load at which each SLO (and the KV cache) breaks, the first one, and the headroom.
+
+    Each replica names its figures as the recording rules do (``headroom_ratio``,
+    ``capacity_requests_per_second``, ``capacity_concurrency``, ``limiting_slo``), with every limit,
+    the TPOT fit and the query each input came from; ``models`` gives ``replicas_needed`` per model
+    and role. Whatever the window cannot support is null with a ``reason``, never a guess.
+    """
+    try:
+        return await collector.oncall.headroom(window, step, Filters(llm_engine, model, instance))
     except ValueError as exc:
         _invalid("window", str(exc))
     except (UpstreamError, NotConfigured) as exc:

@@ -76,7 +76,7 @@ def _check(result: HeadroomReport) -> None:
     assert half.limiting_slo == over.limiting_slo == "tpot-100ms"
     assert half.headroom_ratio == pytest.approx(2.0, rel=0.03)
     assert half.capacity_concurrency == pytest.approx(40, rel=0.03)
-    assert over.headroom_ratio == pytest.approx(0.963, abs=0.02)
+    assert over.headroom_ratio == pytest.approx(0.957, abs=0.02)
     assert {m.model: m.replicas_needed for m in result.models} == {"llama-8b": 1, "qwen-7b": 2}
     assert half.evidence["tpot_points"] and half.fit is not None and half.fit.reason is None
 
@@ -197,6 +197,9 @@ def test_cli_prints_each_replica_in_80_columns(prometheus: str) -> None:
 def _pages() -> list[str]:
     """The scenario's samples as exporter pages, one per 15 s scrape."""
     series = S.document()["tests"][0]["input_series"]
+    # the pages are served 60 times faster than they were scraped: rates scale and their ratios do not,
+    # but seconds per second (Little's law's batch from end-to-end seconds) would not be a batch any more
+    series = [item for item in series if not item["series"].startswith(V.REQUEST_DURATION.name)]
     expanded = [(item["series"], S.expand(item["values"])) for item in series]
     count = len(expanded[0][1])
     return ["\n".join(f"{name} {values[i]:.9g}" for name, values in expanded) + "\n" for i in range(count)]
@@ -239,4 +242,4 @@ def test_the_exporter_path_reads_the_same_replicas() -> None:
         server.server_close()
     results = {w.key.model: headroom(w) for w in windows(history.snapshots, SLOS, 1.0)}  # type: ignore[attr-defined]
     assert results["llama-8b"].headroom_ratio == pytest.approx(2.0, rel=0.05), results["llama-8b"]
-    assert results["qwen-7b"].headroom_ratio == pytest.approx(0.963, abs=0.04)
+    assert results["qwen-7b"].headroom_ratio == pytest.approx(0.957, abs=0.04)

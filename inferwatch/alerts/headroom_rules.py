@@ -68,12 +68,34 @@ class _Exprs:
         return f"{fn}_over_time({_r(part)}[{self.window}])"
 
     # --- level 1: from the raw series ------------------------------------------------------------
+    def in_service(self, window: str) -> str:
+        """Requests in service by Little's law (end-to-end minus queue seconds per second), else the gauge's
+        mean: engines sample the gauge between steps, which undercounts the time average."""
+        e2e, queue = V.REQUEST_DURATION.name, V.REQUEST_QUEUE.name
+        little = f"{self.sum_rate(f'{e2e}_sum', window)}\n- {self.sum_rate(f'{queue}_sum', window)}"
+        gauge = f"sum {self.by} (avg_over_time({V.REQUESTS_RUNNING.name}[{window}]))"
+        return f"clamp_min(\n{little},\n0\n)\nor\n{gauge}"
+
     def batch(self) -> str:
-        return f"sum {self.by} (avg_over_time({V.REQUESTS_RUNNING.name}[{self.step}]))"
+        return self.in_service(self.step)
 
     def tpot_mean(self) -> str:
-        h = V.TIME_PER_OUTPUT_TOKEN.name
-        return self.ratio(self.sum_rate(f"{h}_sum", self.step), self.sum_rate(f"{h}_count", self.step))
+        """The mean TPOT over a step, else the mean inter-token latency (an engine without the TPOT histogram)."""
+        means = []
+        for spec in (V.TIME_PER_OUTPUT_TOKEN, V.INTER_TOKEN_LATENCY):
+            h = spec.name
+            means.append(self.ratio(self.sum_rate(f"{h}_sum", self.step), self.sum_rate(f"{h}_count", self.step)))
+        return f"(\n{means[0]}\n)\nor\n(\n{means[1]}\n)"
+
+    def prefill_per_token(self) -> str:
+        """Prefill seconds per prompt token; without a prefill histogram, (mean TTFT - mean queue) per request."""
+        prompt = self.sum_rate(V.PROMPT_TOKENS.name)
+        direct = self.ratio(self.sum_rate(f"{V.REQUEST_PREFILL.name}_sum"), prompt)
+        ttft = self.mean_of(V.TIME_TO_FIRST_TOKEN)
+        queue = self.mean_of(V.REQUEST_QUEUE)
+        per_request = f"clamp_min(\n({ttft})\n- ({queue}),\n0\n)"
+        fallback = f"{per_request}\n* {self.sum_rate(f'{V.TIME_TO_FIRST_TOKEN.name}_count')}\n/ {prompt}"
+        return f"(\n{direct}\n)\nor\n(\n{fallback}\n)"
 
     def served(self) -> str:
         return self.sum_rate(V.REQUESTS.name)
@@ -231,7 +253,7 @@ def headroom_groups(spec: SLOFile) -> list[dict[str, Any]]:
         rec("batch_tpot", f"(\n{e.batch()}\n)\n*\n(\n{e.tpot_mean()}\n)"),
         rec("batch_squared", f"(\n{e.batch()}\n) ^ 2"),
         rec("tpot_squared", f"(\n{e.tpot_mean()}\n) ^ 2"),
-        rec("current_batch", f"sum {e.by} (avg_over_time({V.REQUESTS_RUNNING.name}[{e.window}]))"),
+        rec("current_batch", e.in_service(e.window)),
         rec("served_requests_per_second", e.served()),
         _record(V.LOAD_REQUESTS_PER_SECOND_RECORD, e.load(), service),
         rec("prompt_tokens", e.ratio(e.sum_rate(V.PROMPT_TOKENS.name), e.served())),
@@ -239,7 +261,7 @@ def headroom_groups(spec: SLOFile) -> list[dict[str, Any]]:
         rec("queue_seconds", e.mean_of(V.REQUEST_QUEUE)),
         rec(
             "prefill_seconds_per_token",
-            e.ratio(e.sum_rate(f"{V.REQUEST_PREFILL.name}_sum"), e.sum_rate(V.PROMPT_TOKENS.name)),
+            e.prefill_per_token(),
         ),
         rec("kv_tokens_per_request", e.kv_tokens_per_request()),
         rec(

@@ -206,8 +206,10 @@ def generate_kubernetes(
     Plain YAML and a kustomization.yaml: `kubectl apply -k OUT` applies the collector, the
     monitoring objects and the dashboards, once the Secret inferwatch-collector (keys
     database-url, ingest-token, read-token) exists. OUT/sidecars/ holds kustomize Components
-    adding the exporter or proxy to your engine Deployments, OUT/examples/ example engines.
-    The PrometheusRule holds the rules `generate alerts` writes for the same --slo file.
+    adding the exporter or proxy to your engine Deployments, OUT/examples/ example engines,
+    OUT/autoscaling/ a KEDA ScaledObject or an HPA with prometheus-adapter rules per engine,
+    scaling on the replicas each model needs (docs/headroom.md). The PrometheusRule holds the rules
+    `generate alerts` writes for the same --slo file.
     """
     from dataclasses import replace
 

@@ -98,6 +98,11 @@ class ReplicaWindow:
     slos: tuple[SLOTarget, ...]
     request_rate: float | None = None
     running_mean: float | None = None
+    """the mean number of requests in service (Little's law: end-to-end minus queue seconds per second,
+    else the running gauge's mean)."""
+    running_gauge_mean: float | None = None
+    """the running gauge's mean, sampled when the KV usage is (between engine steps): their ratio is the KV
+    held per running request (``None``: ``running_mean``)."""
     waiting_growth_per_second: float | None = None
     prompt_tokens_mean: float | None = None
     output_tokens_mean: float | None = None
@@ -306,7 +311,7 @@ def _kv_concurrency(window: ReplicaWindow, n0: float, z: float) -> tuple[float |
         return None, "the engine does not expose its KV cache capacity"
     if usage is None or usage <= 0:
         return None, "no KV cache usage in the window"
-    held = usage * capacity / n0
+    held = usage * capacity / (window.running_gauge_mean or n0)
     root = (-z + math.sqrt(z * z + 4 * capacity / held)) / 2
     return root * root, None
 

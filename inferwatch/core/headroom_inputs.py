@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from inferwatch.core import vocabulary as V
+from inferwatch.core.engines.profile import EngineProfile
 from inferwatch.core.headroom import BatchPoint, QuantileRatio, ReplicaKey, ReplicaWindow, SLOTarget
 from inferwatch.core.headroom_fit import least_squares
 from inferwatch.core.quantile import histogram_quantile
@@ -165,6 +166,21 @@ class _History:
             return None
         return max(0.0, ttft / ttft_n - queue / queue_n) * ttft_n
 
+    def in_service(self, snaps: Sequence[Snapshot] | None = None) -> float | None:
+        """The mean number of requests being served (prefill or decode) over ``snaps``, by Little's law:
+        the seconds finished requests spent end to end minus in the queue, per second. Unlike the running
+        gauge, which engines sample between steps (finished requests gone, new ones not yet admitted), it
+        is the time average the latency curves and Little's law need; ``None`` without both histograms."""
+        part = self.snaps if snaps is None else snaps
+        if not (self.has(V.REQUEST_DURATION) and self.has(V.REQUEST_QUEUE)) or len(part) < 2:
+            return None
+        e2e = self.increase(f"{V.REQUEST_DURATION.name}_sum", part)
+        queue = self.increase(f"{V.REQUEST_QUEUE.name}_sum", part)
+        span = part[-1].at - part[0].at
+        if e2e is None or queue is None or span <= 0:
+            return None
+        return max(0.0, e2e - queue) / span
+
     def window_buckets(self, spec: V.MetricSpec) -> list[tuple[float, float]]:
         first = next((s.buckets[(self.key, spec.name)] for s in self.snaps if (self.key, spec.name) in s.buckets), None)
         last = self.snaps[-1].buckets.get((self.key, spec.name))
@@ -195,7 +211,9 @@ def _points(history: _History, step_seconds: float) -> tuple[BatchPoint, ...]:
         tpot = history.mean_of(V.TIME_PER_OUTPUT_TOKEN, part)
         if tpot is None and not history.has(V.TIME_PER_OUTPUT_TOKEN):
             tpot = history.mean_of(V.INTER_TOKEN_LATENCY, part)
-        batch = _mean(history.series(V.REQUESTS_RUNNING.name, part[1:]))
+        batch = history.in_service(part)
+        if batch is None:
+            batch = _mean(history.series(V.REQUESTS_RUNNING.name, part[1:]))
         if tpot is not None and batch is not None:
             points.append(BatchPoint(batch, tpot))
         start = i
@@ -213,28 +231,32 @@ def _quantile_ratios(history: _History, slos: Sequence[SLOTarget]) -> tuple[Quan
     return tuple(out)
 
 
-def _batch_cap(key: ReplicaKey, info: Mapping[str, str]) -> str:
-    """The engine's cap on running requests from its info labels ("": none known).
+def _batch_cap(key: ReplicaKey, info: Mapping[str, str], profiles: Mapping[str, EngineProfile]) -> float | None:
+    """The engine's cap on running requests from its info labels, unless its profile says the number is not one."""
+    profile = profiles.get(key.engine)
+    if profile is not None and profile.concurrency_not_a_batch_cap:
+        return None
+    text = info.get(V.LABEL_MAX_CONCURRENCY, "")
+    return float(text) if text.replace(".", "", 1).isdigit() else None
 
-    vLLM's ``max_concurrency`` is ``kv_cache_max_concurrency``, the KV cache's room for requests of the full
-    context length, not a cap on the batch: short requests run far above it (the KV limit covers the cache)."""
-    return "" if key.engine == V.ENGINE_VLLM else info.get(V.LABEL_MAX_CONCURRENCY, "")
 
-
-def window(history: _History, spec: SLOFile, step_seconds: float) -> ReplicaWindow:
+def window(
+    history: _History, spec: SLOFile, step_seconds: float, profiles: Mapping[str, EngineProfile]
+) -> ReplicaWindow:
     """One replica's :class:`ReplicaWindow` from its snapshots."""
     key, snaps = history.key, history.snaps
     span = snaps[-1].at - snaps[0].at
     requests = history.increase(V.REQUESTS.name)
     slos = slo_targets(spec, key)
     info = next((s.info[key] for s in reversed(snaps) if key in s.info), {})
-    cap_text = _batch_cap(key, info)
     capacities = [v for v in history.series(V.KV_CACHE_CAPACITY.name) if v is not None]
+    gauge = _mean(history.series(V.REQUESTS_RUNNING.name))
     return ReplicaWindow(
         key=key,
         slos=slos,
         request_rate=requests / span if requests is not None and span > 0 else None,
-        running_mean=_mean(history.series(V.REQUESTS_RUNNING.name)),
+        running_mean=history.in_service() or gauge,
+        running_gauge_mean=gauge,
         waiting_growth_per_second=history.growth(),
         prompt_tokens_mean=_ratio(history.increase(V.PROMPT_TOKENS.name), requests),
         output_tokens_mean=_ratio(history.increase(V.GENERATION_TOKENS.name), requests),
@@ -243,13 +265,19 @@ def window(history: _History, spec: SLOFile, step_seconds: float) -> ReplicaWind
         tpot_points=_points(history, step_seconds),
         kv_usage_mean=_mean(history.series(V.KV_CACHE_USAGE.name)),
         kv_capacity_tokens=max(capacities) if capacities else None,
-        max_concurrency=float(cap_text) if cap_text.replace(".", "", 1).isdigit() else None,
+        max_concurrency=_batch_cap(key, info, profiles),
         quantile_ratios=_quantile_ratios(history, slos),
     )
 
 
-def windows(snapshots: Sequence[Snapshot], spec: SLOFile, step_seconds: float) -> list[ReplicaWindow]:
-    """Every replica seen in the last snapshot, from the whole history (oldest first)."""
+def windows(
+    snapshots: Sequence[Snapshot],
+    spec: SLOFile,
+    step_seconds: float,
+    profiles: Mapping[str, EngineProfile] | None = None,
+) -> list[ReplicaWindow]:
+    """Every replica seen in the last snapshot, from the whole history (oldest first); ``profiles`` tell
+    which engines' ``max_concurrency`` caps the batch (all, without them)."""
     snaps = sorted(snapshots, key=lambda s: s.at)
     if len(snaps) < 2:
         return []
@@ -257,5 +285,5 @@ def windows(snapshots: Sequence[Snapshot], spec: SLOFile, step_seconds: float) -
     for key in sorted(snaps[-1].replicas()):
         mine = [s for s in snaps if (key, V.REQUESTS_RUNNING.name) in s.values]
         if len(mine) >= 2:
-            out.append(window(_History(key, mine), spec, step_seconds))
+            out.append(window(_History(key, mine), spec, step_seconds, profiles or {}))
     return out

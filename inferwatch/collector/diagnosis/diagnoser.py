@@ -157,7 +157,7 @@ class OnCall:
                     filters=filters,
                     timeout=self.timeout,
                 )
-                return report(history, self.slos, window or rules.window, step_s)
+                return report(history, self.slos, window or rules.window, step_s, self.profiles)
             except UpstreamError as exc:
                 if not (exporters and self.exporter_urls):
                     raise
@@ -180,7 +180,7 @@ class OnCall:
             timeout=self.timeout,
             progress=progress,
         )
-        result = report(history, self.slos, window, step_s)
+        result = report(history, self.slos, window, step_s, self.profiles)
         result.note = note
         return result
 

@@ -9,7 +9,7 @@ rules do. :func:`capacity_findings` turns a model that needs more replicas than 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Literal
 
 from pydantic import BaseModel, Field
@@ -17,6 +17,7 @@ from pydantic import BaseModel, Field
 from inferwatch.collector.diagnosis.headroom_sources import History
 from inferwatch.collector.diagnosis.report import Diagnosis, Evidence, Finding
 from inferwatch.core import vocabulary as V
+from inferwatch.core.engines.profile import EngineProfile
 from inferwatch.core.headroom import HeadroomSettings, ReplicaHeadroom, ReplicasNeeded, headroom, replicas_needed
 from inferwatch.core.headroom_fit import FitSettings
 from inferwatch.core.headroom_inputs import windows
@@ -170,10 +171,12 @@ def _model(n: ReplicasNeeded, source: str) -> ModelReplicas:
     )
 
 
-def report(history: History, spec: SLOFile, window: str, step_seconds: float) -> HeadroomReport:
+def report(
+    history: History, spec: SLOFile, window: str, step_seconds: float, profiles: Mapping[str, EngineProfile]
+) -> HeadroomReport:
     """Every replica's headroom and every model's replicas needed, from one history."""
     settings = settings_of(spec)
-    results = [headroom(w, settings) for w in windows(history.snapshots, spec, step_seconds)]
+    results = [headroom(w, settings) for w in windows(history.snapshots, spec, step_seconds, profiles)]
     note = None
     if len(history.snapshots) < 2:
         note = f"{len(history.snapshots)} snapshot(s) of the window: no replica could be judged"

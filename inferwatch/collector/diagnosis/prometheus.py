@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import re
 from collections.abc import Mapping
 
 import httpx
@@ -33,7 +32,7 @@ from inferwatch.collector.diagnosis.signals import (
     UpstreamError,
 )
 from inferwatch.core import vocabulary as V
-from inferwatch.core.slo import MeasuredAt
+from inferwatch.core.slo import MeasuredAt, duration_seconds
 from inferwatch.core.symptoms import SIGNALS, Signal
 
 INSTANCE = "instance"
@@ -47,17 +46,17 @@ MEASURED_AT = "measured_at"
 PROXIED_QUANTILES: tuple[Signal, ...] = (Signal.E2E_P99, Signal.TTFT_P99, Signal.TPOT_P99)
 """P99 signals the proxy measures too: the engine's histogram, else the proxy's counterpart."""
 
-_DURATION = re.compile(r"^(\d+)(s|m|h|d|w)$")
-_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 MAX_WINDOW_SECONDS = 7 * 86400
 
 
 def window_seconds(window: str) -> float:
     """Seconds of a PromQL-style duration (``10m``); ``ValueError`` names the expected form."""
-    m = _DURATION.match(window.strip())
-    if not m or int(m.group(1)) == 0:
+    try:
+        seconds = duration_seconds(window.strip())
+    except ValueError:
+        seconds = 0
+    if seconds == 0:
         raise ValueError(f"window must be a positive duration such as 30s, 10m or 1h, got {window!r}")
-    seconds = int(m.group(1)) * _SECONDS[m.group(2)]
     if seconds > MAX_WINDOW_SECONDS:
         raise ValueError(f"window {window!r} is longer than the 7-day maximum")
     return float(seconds)

@@ -92,6 +92,9 @@ class EngineProfile:
     drawn, its percentiles and distribution cannot."""
     flag_style: Callable[[str], str] = str
     """normalises a typed flag name to the spelling in ``flags`` (vLLM accepts ``_`` for ``-``)."""
+    concurrency_not_a_batch_cap: str | None = None
+    """why the ``max_concurrency`` this engine reports does not cap its running batch (``None``: it does);
+    the headroom model then does not bound the latency limits by it."""
 
     def flag(self, knob: Knob) -> Flag | None:
         return next((f for f in self.flags if f.knob is knob), None)

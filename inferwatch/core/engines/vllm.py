@@ -128,4 +128,6 @@ PROFILE = EngineProfile(
     },
     always_on={Knob.CONTINUOUS_BATCHING: "always on (the V1 scheduler batches per iteration)"},
     flag_style=_flag_style,
+    concurrency_not_a_batch_cap="cache_config_info's kv_cache_max_concurrency is the KV cache's room for requests "
+    "of the full context length; shorter requests run far more at once (max_num_seqs is not exported)",
 )

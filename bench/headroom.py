@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import pickle
+import signal
 import sys
 import tempfile
 import time
@@ -409,6 +410,8 @@ def peer_table(results: Sequence[EngineResult]) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # a SIGTERM unwinds like Ctrl-C, so the simulators and exporters started are stopped
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--engines", default=",".join(ENGINES), help="comma-separated simulated engines")
     parser.add_argument("--speed", type=float, default=10.0, help="simulated seconds per wall second")
@@ -420,6 +423,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--tolerance", type=float, default=TOLERANCE, help="allowed |predicted / knee - 1|")
     parser.add_argument("--dump", type=Path, help="write each prediction's window here (pickle), for analysis")
     parser.add_argument("--real-vllm", metavar="URL", help="also run on this real vLLM server (headroom_real)")
+    parser.add_argument(
+        "--real-slo",
+        type=Path,
+        metavar="FILE",
+        help="the SLO file of the real run (default: the simulated runs'); a tiny model on a CPU needs tighter "
+        "thresholds for its knee to lie within the load one client on the same machine can offer",
+    )
     args = parser.parse_args(argv)
     spec = bench_slo()
     step = float(spec.headroom.step.removesuffix("s"))
@@ -450,7 +460,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.real_vllm:
         from bench.headroom_real import run_real
 
-        real_spec = spec.model_copy(update={"headroom": HeadroomRules(window="1m", step="5s")})
+        base = load(args.real_slo, V.Vocabulary()) if args.real_slo else spec
+        real_spec = base.model_copy(update={"headroom": HeadroomRules(window="1m", step="5s")})
         real_ok = run_real(args.real_vllm, real_spec)
         if not real_ok:
             misses.append("real vLLM: outside its tolerance")

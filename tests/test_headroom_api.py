@@ -93,7 +93,7 @@ def test_headroom_from_prometheus_history(prometheus: str) -> None:
     assert result.source == "prometheus" and result.window == "30m" and result.step_seconds == 60
     _check(result)
     kv = {lim.slo: lim for lim in _by_model(result)["llama-8b"].limits}[V.HEADROOM_KV_LIMIT]  # type: ignore[attr-defined]
-    assert kv.concurrency == pytest.approx(161.8, rel=0.03)
+    assert kv.concurrency == pytest.approx(115.8, rel=0.03)
     # the evidence is the query each input came from
     assert V.TIME_PER_OUTPUT_TOKEN.name in _by_model(result)["llama-8b"].evidence["tpot_points"]  # type: ignore[attr-defined]
 

@@ -85,7 +85,7 @@ def test_the_api_model_reads_the_half_loaded_replica_as_two(answers: dict[str, o
     assert half.capacity_concurrency == pytest.approx(40, rel=0.03)
     assert half.fit.slope == pytest.approx(S.B, rel=0.03)
     limits = {lim.slo: lim for lim in half.limits}
-    assert limits[V.HEADROOM_KV_LIMIT].concurrency == pytest.approx(161.8, rel=0.03)
+    assert limits[V.HEADROOM_KV_LIMIT].concurrency == pytest.approx(115.8, rel=0.03)
     assert limits["ttft-500ms"].concurrency == pytest.approx(130, rel=0.03)
 
 

@@ -196,9 +196,15 @@ class _Exprs:
         )
 
     def kv_concurrency(self, z: float) -> str:
-        h = f"({_r('kv_tokens_per_request')} > 0)"
-        root = f"(-{z:g} + sqrt({z * z:g} + 4 * {_r('kv_capacity_tokens')} / {h})) / 2"
-        return f"(\n  {root}\n) ^ 2"
+        """``N`` where ``h (N + z sqrt(D N))`` fills the cache, ``D = 1 + (b / a) N`` for the residence curve
+        ``a + b N`` (the API's :func:`inferwatch.core.headroom._kv_concurrency`): the smaller root of
+        ``(1 - z^2 b / a) N^2 - (2 Q + z^2) N + Q^2``, as ``2 Q^2 / (B + sqrt(B^2 - 4 A Q^2))``."""
+        q = f"({_r('kv_capacity_tokens')} / ({_r('kv_tokens_per_request')} > 0))"
+        ri, rs = _r("residence_intercept"), _r("residence_slope")
+        growth = f"(clamp_min({rs}, 0) / ({ri} > 0) or {_r('kv_tokens_per_request')} * 0)"
+        a = f"(1 - {z * z:g} * {growth})"
+        b = f"(2 * {q} + {z * z:g})"
+        return f"2 * {q} ^ 2\n/\n(\n  {b}\n  + sqrt({b} ^ 2 - 4 * {a} * {q} ^ 2)\n)"
 
     # --- level 5: each limit's rate ----------------------------------------------------------------
     def limit_rate(self) -> str:

@@ -304,16 +304,31 @@ def _slo_concurrency(
     return n, None
 
 
-def _kv_concurrency(window: ReplicaWindow, n0: float, z: float) -> tuple[float | None, str | None]:
-    """``N`` where ``h (N + z sqrt(N))`` fills the KV capacity, or why it is unknown."""
+def _kv_concurrency(
+    window: ReplicaWindow, n0: float, z: float, curves: _Curves | None
+) -> tuple[float | None, str | None]:
+    """``N`` where the held KV, ``h (N + z sqrt(D N))``, fills the capacity, or why it is unknown.
+
+    ``D`` is the running count's variance over its mean. A Poisson count has ``D = 1``; here each extra
+    running request lengthens every request's stay, so a fluctuation decays more slowly and the count
+    strays further: ``D = 1 / (1 - e)``, ``e`` being the elasticity of the residence time in the batch,
+    ``N R'(N) / R(N) = b N / (a + b N)`` with the residence curve ``R = a + b N``. Then
+    ``D = 1 + (b / a) N``, and the condition is a quadratic in ``N``:
+    ``(1 - z^2 b / a) N^2 - (2 Q + z^2) N + Q^2 = 0`` with ``Q = capacity / h``."""
     capacity, usage = window.kv_capacity_tokens, window.kv_usage_mean
     if capacity is None or capacity <= 0:
         return None, "the engine does not expose its KV cache capacity"
     if usage is None or usage <= 0:
         return None, "no KV cache usage in the window"
     held = usage * capacity / (window.running_gauge_mean or n0)
-    root = (-z + math.sqrt(z * z + 4 * capacity / held)) / 2
-    return root * root, None
+    q = capacity / held
+    growth = 0.0
+    if curves is not None:
+        r0, r1 = curves.residence(0.0), curves.residence(1.0)
+        if r0 is not None and r1 is not None and r0 > 0:
+            growth = max(r1 - r0, 0.0) / r0
+    a, b, c = 1 - z * z * growth, 2 * q + z * z, q * q
+    return 2 * c / (b + math.sqrt(b * b - 4 * a * c)), None  # the smaller root, stable for any a
 
 
 def _limit(
@@ -366,7 +381,9 @@ def headroom(window: ReplicaWindow, settings: HeadroomSettings = HeadroomSetting
     fit = fit or fit_tpot((), settings.fit)
     curves, why = _curves(window, fit, served, n0)
     limits = [_limit(s.name, s.metric, _slo_concurrency(window, s, curves, why), curves, why) for s in window.slos]
-    limits.append(_limit(KV_LIMIT, KV_LIMIT, _kv_concurrency(window, n0, settings.kv_fluctuation_z), curves, why))
+    limits.append(
+        _limit(KV_LIMIT, KV_LIMIT, _kv_concurrency(window, n0, settings.kv_fluctuation_z, curves), curves, why)
+    )
     known = [lim for lim in limits if lim.requests_per_second is not None]
     notes = _notes(window, curves)
     if not known:

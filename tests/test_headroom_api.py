@@ -8,10 +8,9 @@ now, so the API reads 80 minutes of history at once; the exporter path is fed th
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import httpx
@@ -23,7 +22,7 @@ from inferwatch.cli import app
 from inferwatch.collector.api.app import create_app
 from inferwatch.collector.diagnosis.diagnoser import OnCall
 from inferwatch.collector.diagnosis.headroom_report import HeadroomReport, capacity_findings
-from inferwatch.collector.diagnosis.headroom_sources import from_exporters
+from inferwatch.collector.diagnosis.headroom_sources import History, from_exporters
 from inferwatch.collector.diagnosis.report import Diagnosis, Finding
 from inferwatch.collector.diagnosis.signals import Filters
 from inferwatch.collector.settings import CollectorSettings
@@ -35,6 +34,7 @@ from inferwatch.core.slo import load
 from inferwatch.core.symptoms import Status, Symptom
 from tests.alerts import make_headroom as S
 from tests.conftest import ROOT, free_port, require_tool
+from tests.support.httpserver import serving
 from tests.support.stack import Processes, prometheus_cmd, write_prometheus_config
 
 SLOS = load(ROOT / "alerts" / "slos.yaml", V.Vocabulary())
@@ -66,6 +66,17 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         procs.close()
 
 
+def _oncall_headroom(prometheus: str) -> HeadroomReport:
+    async def run() -> HeadroomReport:
+        on = OnCall(builtin_profiles(), SLOS, prometheus_url=prometheus)
+        try:
+            return await on.headroom(None, None, Filters())
+        finally:
+            await on.close()
+
+    return asyncio.run(run())
+
+
 def _by_model(result: HeadroomReport) -> dict[str, object]:
     return {r.model: r for r in result.replicas}
 
@@ -82,14 +93,7 @@ def _check(result: HeadroomReport) -> None:
 
 
 def test_headroom_from_prometheus_history(prometheus: str) -> None:
-    async def run() -> HeadroomReport:
-        on = OnCall(builtin_profiles(), SLOS, prometheus_url=prometheus)
-        try:
-            return await on.headroom(None, None, Filters())
-        finally:
-            await on.close()
-
-    result = asyncio.run(run())
+    result = _oncall_headroom(prometheus)
     assert result.source == "prometheus" and result.window == "30m" and result.step_seconds == 60
     _check(result)
     kv = {lim.slo: lim for lim in _by_model(result)["llama-8b"].limits}[V.HEADROOM_KV_LIMIT]  # type: ignore[attr-defined]
@@ -145,14 +149,7 @@ def _finding(symptom: Symptom, model: str, severity: Status) -> Finding:
 
 
 def test_capacity_exhausted_outranks_the_symptoms_it_causes(prometheus: str) -> None:
-    async def run() -> HeadroomReport:
-        on = OnCall(builtin_profiles(), SLOS, prometheus_url=prometheus)
-        try:
-            return await on.headroom(None, None, Filters())
-        finally:
-            await on.close()
-
-    found = asyncio.run(run())
+    found = _oncall_headroom(prometheus)
     caused = _finding(Symptom.TPOT_SLOW, "qwen-7b", Status.CRITICAL)
     errors = _finding(Symptom.ERROR_RATE_HIGH, "qwen-7b", Status.CRITICAL)
     elsewhere = _finding(Symptom.TPOT_SLOW, "llama-8b", Status.CRITICAL)
@@ -222,24 +219,15 @@ def test_the_exporter_path_reads_the_same_replicas() -> None:
         def log_message(self, format: str, *args: object) -> None:
             return
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        # 49 scrapes 0.25 s apart stand for 12 minutes of 15 s scrapes: rates scale, ratios do not
-        async def run() -> object:
-            async with httpx.AsyncClient() as client:
-                return await from_exporters(
-                    client,
-                    [f"http://127.0.0.1:{server.server_port}"],
-                    window_seconds=12.0,
-                    step_seconds=1.0,
-                    filters=Filters(),
-                )
+    # 49 scrapes 0.25 s apart stand for 12 minutes of 15 s scrapes: rates scale, ratios do not
+    async def run(address: str) -> History:
+        async with httpx.AsyncClient() as client:
+            return await from_exporters(
+                client, [f"http://{address}"], window_seconds=12.0, step_seconds=1.0, filters=Filters()
+            )
 
-        history = asyncio.run(run())
-    finally:
-        server.shutdown()
-        server.server_close()
-    results = {w.key.model: headroom(w) for w in windows(history.snapshots, SLOS, 1.0)}  # type: ignore[attr-defined]
+    with serving(Handler) as address:
+        history = asyncio.run(run(address))
+    results = {w.key.model: headroom(w) for w in windows(history.snapshots, SLOS, 1.0)}
     assert results["llama-8b"].headroom_ratio == pytest.approx(2.0, rel=0.05), results["llama-8b"]
     assert results["qwen-7b"].headroom_ratio == pytest.approx(0.957, abs=0.04)

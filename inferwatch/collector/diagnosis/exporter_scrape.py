@@ -78,7 +78,8 @@ def _parse(text: str, instance: str, at: float) -> _Scrape:
     return out
 
 
-async def _scrape(client: httpx.AsyncClient, url: str, timeout: float) -> _Scrape:
+async def fetch(client: httpx.AsyncClient, url: str, timeout: float) -> tuple[str, float]:
+    """One exporter page and when it came (``time.monotonic()``); :class:`UpstreamError` names the exporter."""
     try:
         resp = await client.get(url, timeout=timeout)
     except httpx.TimeoutException:
@@ -87,8 +88,13 @@ async def _scrape(client: httpx.AsyncClient, url: str, timeout: float) -> _Scrap
         raise UpstreamError(url, f"cannot reach the exporter: {exc.__class__.__name__}: {exc}") from None
     if resp.status_code != 200:
         raise UpstreamError(url, f"the exporter answered HTTP {resp.status_code}")
+    return resp.text, time.monotonic()
+
+
+async def _scrape(client: httpx.AsyncClient, url: str, timeout: float) -> _Scrape:
+    text, at = await fetch(client, url, timeout)
     try:
-        return _parse(resp.text, instance_of(url), time.monotonic())
+        return _parse(text, instance_of(url), at)
     except (ValueError, KeyError) as exc:
         raise UpstreamError(url, f"the exporter's answer is not Prometheus text: {exc}") from None
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from inferwatch.collector.diagnosis.exporter_scrape import instance_of, metrics_url
+from inferwatch.collector.diagnosis.exporter_scrape import fetch, instance_of, metrics_url
 from inferwatch.collector.diagnosis.prometheus import INSTANCE, api_get
 from inferwatch.collector.diagnosis.signals import Filters, TargetKey, UpstreamError
 from inferwatch.core import vocabulary as V
@@ -126,18 +126,6 @@ def parse_page(text: str, instance: str, at: float) -> Snapshot:
     return snap
 
 
-async def _scrape(client: httpx.AsyncClient, url: str, timeout: float) -> tuple[str, float]:
-    try:
-        resp = await client.get(url, timeout=timeout)
-    except httpx.TimeoutException:
-        raise UpstreamError(url, f"the exporter did not answer within {timeout:g} s") from None
-    except httpx.HTTPError as exc:
-        raise UpstreamError(url, f"cannot reach the exporter: {exc.__class__.__name__}: {exc}") from None
-    if resp.status_code != 200:
-        raise UpstreamError(url, f"the exporter answered HTTP {resp.status_code}")
-    return resp.text, time.monotonic()
-
-
 def _merge(pages: Sequence[tuple[str, str, float]]) -> Snapshot:
     """One snapshot of every exporter's page of one round, at the round's mean time."""
     snap = Snapshot(math.fsum(at for _, _, at in pages) / len(pages))
@@ -171,7 +159,7 @@ async def from_exporters(
     snaps = []
     for i in range(rounds):
         await sleep(max(0.0, started + i * resolution - time.monotonic()))
-        got = await asyncio.gather(*(_scrape(client, u, timeout) for u in targets))
+        got = await asyncio.gather(*(fetch(client, u, timeout) for u in targets))
         snaps.append(_merge([(u, text, at) for u, (text, at) in zip(targets, got, strict=True)]))
         if progress is not None:
             progress(i + 1, rounds)

@@ -303,11 +303,9 @@ def _step_line(f: StepFigures) -> str:
     )
 
 
-NOT_MEASURABLE = {
-    "tgi": "TGI exposes no TTFT and no per-request prefill time (docs/coverage.md): the model's TTFT curve, "
-    "and with it Little's law, has no input",
-}
-"""Engines whose dialect cannot give the model what it needs (reported, not passed)."""
+NOT_MEASURABLE: dict[str, str] = {}
+"""Engines whose dialect cannot give the model what it needs (reported, not passed): none since TGI's
+residence is read end to end minus queue where it has no TTFT curve."""
 
 
 def run_engine(

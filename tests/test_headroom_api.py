@@ -88,7 +88,7 @@ def _check(result: HeadroomReport) -> None:
     assert half.headroom_ratio == pytest.approx(2.0, rel=0.03)
     assert half.capacity_concurrency == pytest.approx(40, rel=0.03)
     assert over.headroom_ratio == pytest.approx(0.957, abs=0.02)
-    assert {m.model: m.replicas_needed for m in result.models} == {"llama-8b": 1, "qwen-7b": 2}
+    assert {m.model: m.replicas_needed for m in result.models} == {"llama-8b": 1, "qwen-7b": 2, "mistral-7b": 1}
     assert half.evidence["tpot_points"] and half.fit is not None and half.fit.reason is None
 
 
@@ -175,6 +175,7 @@ def test_capacity_exhausted_outranks_the_symptoms_it_causes(prometheus: str) -> 
     assert {(f.model, f.severity) for f in warned.findings} == {
         ("qwen-7b", Status.WARNING),
         ("llama-8b", Status.WARNING),
+        ("mistral-7b", Status.WARNING),
     }
     assert "kept at 1.25x headroom" in warned.findings[0].summary
 

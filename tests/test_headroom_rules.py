@@ -45,9 +45,13 @@ def _snapshots(samples: int) -> list[Snapshot]:
                 f"{tpot}_count": rate,
                 f"{V.REQUEST_QUEUE.name}_sum": 0.0,
                 f"{V.REQUEST_QUEUE.name}_count": rate,
-                f"{V.REQUEST_PREFILL.name}_sum": rate * S.PROMPT * S.PREFILL_PER_TOKEN,
-                f"{V.REQUEST_PREFILL.name}_count": rate,
             }
+            if model != S.NO_TTFT:
+                increments[f"{V.REQUEST_PREFILL.name}_sum"] = rate * S.PROMPT * S.PREFILL_PER_TOKEN
+                increments[f"{V.REQUEST_PREFILL.name}_count"] = rate
+            if model in S.WITH_E2E:
+                increments[f"{V.REQUEST_DURATION.name}_sum"] = rate * S.residence(n)
+                increments[f"{V.REQUEST_DURATION.name}_count"] = rate
             for name, inc in increments.items():
                 # promtool's series start at 0 and grow from the second sample
                 totals[(model, name)] = totals.get((model, name), -inc) + inc
@@ -55,12 +59,6 @@ def _snapshots(samples: int) -> list[Snapshot]:
             snap.add(key, V.REQUESTS_RUNNING.name, n, {})
             snap.add(key, V.REQUESTS_WAITING.name, 0.0, {})
             if model == "llama-8b":
-                for name, inc in (
-                    (f"{V.REQUEST_DURATION.name}_sum", rate * S.residence(n)),
-                    (f"{V.REQUEST_DURATION.name}_count", rate),
-                ):
-                    totals[(model, name)] = totals.get((model, name), -inc) + inc
-                    snap.add(key, name, totals[(model, name)], {})
                 snap.add(key, V.KV_CACHE_USAGE.name, S.KV_USAGE, {})
                 snap.add(key, V.KV_CACHE_CAPACITY.name, float(S.KV_CAPACITY), {})
         snaps.append(snap)
@@ -101,4 +99,14 @@ def test_the_api_model_reads_the_overloaded_replica_under_one(answers: dict[str,
 def test_replicas_needed_match_the_rules(answers: dict[str, object]) -> None:
     needed = answers["needed"]
     assert isinstance(needed, tuple)
-    assert {n.model: n.replicas_needed for n in needed} == {"llama-8b": 1, "qwen-7b": 2}
+    assert {n.model: n.replicas_needed for n in needed} == {"llama-8b": 1, "qwen-7b": 2, "mistral-7b": 1}
+
+
+def test_without_a_ttft_curve_the_measured_residence_carries_littles_law(answers: dict[str, object]) -> None:
+    by_model = answers["by_model"]
+    assert isinstance(by_model, dict)
+    tgi_like = by_model[S.NO_TTFT]
+    assert tgi_like.headroom_ratio == pytest.approx(2.10, rel=0.03)
+    limits = {lim.slo: lim for lim in tgi_like.limits}
+    assert limits["ttft-500ms"].concurrency is None and "prefill" in (limits["ttft-500ms"].reason or "")
+    assert any("no TTFT curve" in note for note in tgi_like.notes)

@@ -117,6 +117,12 @@ class _Exprs:
         q = f"histogram_quantile({quantile}, sum {by_le} (rate({spec.name}_bucket{sel}[{self.window}])))"
         return f"{q}\n/\n(\n{self.mean_of(spec, sel)}\n)"
 
+    def residence_seconds(self) -> str:
+        """Mean seconds a finished request spent in service (end to end minus queue)."""
+        e2e, queue = V.REQUEST_DURATION.name, V.REQUEST_QUEUE.name
+        spent = f"(\n{self.sum_rate(f'{e2e}_sum')}\n- {self.sum_rate(f'{queue}_sum')}\n)"
+        return self.ratio(spent, self.served())
+
     def kv_tokens_per_request(self) -> str:
         kv, cap = V.KV_CACHE_USAGE.name, V.KV_CACHE_CAPACITY.name
         held = f"sum {self.by} (avg_over_time({kv}[{self.window}]) * max_over_time({cap}[{self.window}]))"
@@ -178,9 +184,16 @@ class _Exprs:
                 f"(\n{self.e2e()[i]}\n) and {_r('current_batch', unified)}",
                 f"(\n{self.ttft()[i]}\n) and {_r('current_batch', prefill)}",
                 f"{self.decodes()} * {(self.intercept(), _r('tpot_slope'))[i]} and {_r('current_batch', decode)}",
+                f"(\n{self.measured_residence()[i]}\n) and {_r('current_batch', unified)}",
             ]
             out.append("(\n" + "\n)\nor\n(\n".join(parts) + "\n)")
         return out[0], out[1]
+
+    def measured_residence(self) -> tuple[str, str]:
+        """Without a TTFT curve (TGI): the measured residence, its non-decode part held constant."""
+        decode0 = f"{self.decodes()} * {self.t0()}"
+        first = f"clamp_min({_r('residence_seconds')} - {decode0}, 0)"
+        return f"{first}\n+ {self.decodes()} * {self.intercept()}", f"{self.decodes()} * {_r('tpot_slope')}"
 
     # --- level 4: where each limit breaks ----------------------------------------------------------
     def slo_concurrency(self, slo: SLO, curve: str) -> str:
@@ -270,6 +283,7 @@ def headroom_groups(spec: SLOFile) -> list[dict[str, Any]]:
             e.prefill_per_token(),
         ),
         rec("kv_tokens_per_request", e.kv_tokens_per_request()),
+        rec("residence_seconds", e.residence_seconds()),
         rec(
             "kv_capacity_tokens",
             f"sum {e.by} (max_over_time({V.KV_CACHE_CAPACITY.name}[{e.window}]))",

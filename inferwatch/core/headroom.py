@@ -113,6 +113,9 @@ class ReplicaWindow:
     kv_capacity_tokens: float | None = None
     max_concurrency: float | None = None
     quantile_ratios: tuple[QuantileRatio, ...] = ()
+    residence_seconds_mean: float | None = None
+    """mean seconds a finished request spent in service (end to end minus queue): the residence time when
+    the engine has no TTFT curve (TGI)."""
 
 
 @dataclass(frozen=True)
@@ -197,6 +200,9 @@ class _Curves:
     n0: float
     rate0: float
     role: str
+    first_token: float | None = None
+    """without a TTFT curve: the measured residence minus its decode part, held constant (a prefill and
+    queue share that does not grow with the batch: optimistic, noted)."""
 
     def latency(self, metric: str) -> _Affine | None:
         if metric == TPOT:
@@ -213,7 +219,9 @@ class _Curves:
         if self.role == V.ROLE_DECODE:
             return decode
         if self.ttft is None:
-            return None
+            if self.first_token is None or self.role != V.ROLE_UNIFIED:
+                return None
+            return self.first_token + decode
         return self.ttft.at(n) + (0.0 if self.role == V.ROLE_PREFILL else decode)
 
     def rate(self, n: float) -> float | None:
@@ -255,6 +263,10 @@ def _curves(window: ReplicaWindow, fit: LinearFit, rate0: float, n0: float) -> t
     if window.output_tokens_mean is None:
         return None, "no mean output length in the window"
     ttft = _ttft_curve(window, fit, n0)
+    first_token = None
+    if isinstance(ttft, str) and window.residence_seconds_mean is not None:
+        decode0 = max(window.output_tokens_mean - 1, 0.0) * fit.at(n0)
+        first_token = max(window.residence_seconds_mean - decode0, 0.0)
     curves = _Curves(
         tpot=_Affine(fit.intercept, fit.slope),
         ttft=ttft if isinstance(ttft, _Affine) else None,
@@ -262,6 +274,7 @@ def _curves(window: ReplicaWindow, fit: LinearFit, rate0: float, n0: float) -> t
         n0=n0,
         rate0=rate0,
         role=window.key.role,
+        first_token=first_token,
     )
     return curves, ttft if isinstance(ttft, str) else None
 
@@ -353,6 +366,11 @@ def _notes(window: ReplicaWindow, curves: _Curves | None) -> tuple[str, ...]:
     if missing:
         held = "its mean is held to the threshold" if len(missing) == 1 else "their means are held to the thresholds"
         notes.append(f"no {', '.join(dict.fromkeys(missing))}: {held} (optimistic)")
+    if curves is not None and curves.ttft is None and curves.first_token is not None:
+        notes.append(
+            "no TTFT curve: the time before the first token is the measured residence's non-decode part, "
+            "held constant as the batch grows (optimistic)"
+        )
     if curves is not None:
         w0 = curves.residence(curves.n0)
         if w0 is not None and w0 > 0:

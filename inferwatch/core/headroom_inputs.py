@@ -166,20 +166,24 @@ class _History:
             return None
         return max(0.0, ttft / ttft_n - queue / queue_n) * ttft_n
 
+    def in_service_seconds(self, snaps: Sequence[Snapshot] | None = None) -> float | None:
+        """Seconds finished requests spent in service over ``snaps`` (end to end minus queue)."""
+        part = self.snaps if snaps is None else snaps
+        if not (self.has(V.REQUEST_DURATION) and self.has(V.REQUEST_QUEUE)) or len(part) < 2:
+            return None
+        e2e = self.increase(f"{V.REQUEST_DURATION.name}_sum", part)
+        queue = self.increase(f"{V.REQUEST_QUEUE.name}_sum", part)
+        return None if e2e is None or queue is None else max(0.0, e2e - queue)
+
     def in_service(self, snaps: Sequence[Snapshot] | None = None) -> float | None:
         """The mean number of requests being served (prefill or decode) over ``snaps``, by Little's law:
         the seconds finished requests spent end to end minus in the queue, per second. Unlike the running
         gauge, which engines sample between steps (finished requests gone, new ones not yet admitted), it
         is the time average the latency curves and Little's law need; ``None`` without both histograms."""
         part = self.snaps if snaps is None else snaps
-        if not (self.has(V.REQUEST_DURATION) and self.has(V.REQUEST_QUEUE)) or len(part) < 2:
-            return None
-        e2e = self.increase(f"{V.REQUEST_DURATION.name}_sum", part)
-        queue = self.increase(f"{V.REQUEST_QUEUE.name}_sum", part)
-        span = part[-1].at - part[0].at
-        if e2e is None or queue is None or span <= 0:
-            return None
-        return max(0.0, e2e - queue) / span
+        seconds = self.in_service_seconds(part)
+        span = part[-1].at - part[0].at if len(part) >= 2 else 0.0
+        return None if seconds is None or span <= 0 else seconds / span
 
     def window_buckets(self, spec: V.MetricSpec) -> list[tuple[float, float]]:
         first = next((s.buckets[(self.key, spec.name)] for s in self.snaps if (self.key, spec.name) in s.buckets), None)
@@ -267,6 +271,7 @@ def window(
         kv_capacity_tokens=max(capacities) if capacities else None,
         max_concurrency=_batch_cap(key, info, profiles),
         quantile_ratios=_quantile_ratios(history, slos),
+        residence_seconds_mean=_ratio(history.in_service_seconds(), requests),
     )
 
 

@@ -350,6 +350,7 @@ HEADROOM_PARTS: Final[tuple[str, ...]] = (
     "prompt_tokens",
     "output_tokens",
     "prefill_seconds_per_token",
+    "residence_seconds",
 )
 """The headroom rules' intermediate records, each ``llm:headroom_<part>`` (:func:`headroom_record`)."""
 

@@ -34,6 +34,7 @@ ERRORS: dict[tuple[str, str], set[int]] = {
     ("get", "/api/v1/diagnose"): {401, 422, 503},
     ("get", "/api/v1/checklist"): {401, 422, 503},
     ("get", "/api/v1/capacity"): {401, 422, 503},
+    ("get", "/api/v1/headroom"): {401, 422, 503},
     ("get", "/api/v1/slos"): {401, 503},
     ("post", "/api/v1/alerts/webhook"): {400, 401, 413, 422, 503},
     ("get", "/api/v1/incidents"): {400, 401, 422, 503},

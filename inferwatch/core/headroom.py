@@ -357,15 +357,16 @@ def _limit(
 
 
 def _notes(window: ReplicaWindow, curves: _Curves | None) -> tuple[str, ...]:
-    missing = [
-        f"{s.quantile:g}-quantile-to-mean ratio of {s.metric}"
-        for s in window.slos
-        if s.metric in MODELLED and _ratio(window, s) is None and _not_served(s, window.key.role) is None
-    ]
+    missing: dict[float, list[str]] = {}
+    for s in window.slos:
+        if s.metric in MODELLED and _ratio(window, s) is None and _not_served(s, window.key.role) is None:
+            metrics = missing.setdefault(s.quantile, [])
+            if s.metric not in metrics:
+                metrics.append(s.metric)
     notes = []
-    if missing:
-        held = "its mean is held to the threshold" if len(missing) == 1 else "their means are held to the thresholds"
-        notes.append(f"no {', '.join(dict.fromkeys(missing))}: {held} (optimistic)")
+    for quantile, metrics in missing.items():
+        held = "its mean is held to the threshold" if len(metrics) == 1 else "their means are held to the thresholds"
+        notes.append(f"no {quantile:g}-quantile-to-mean ratio of {', '.join(metrics)}: {held} (optimistic)")
     if curves is not None and curves.ttft is None and curves.first_token is not None:
         notes.append(
             "no TTFT curve: the time before the first token is the measured residence's non-decode part, "

@@ -309,12 +309,12 @@ residence is read end to end minus queue where it has no TTFT curve."""
 
 
 def run_engine(
-    engine: str, plan: Plan, spec: SLOFile, speed: float, logs: Path, dump: Path | None = None
+    engine: str, plan: Plan, spec: SLOFile, speed: float, logs: Path, dump: Path | None = None, seed: int = 1
 ) -> EngineResult:
     started = time.monotonic()
     procs = Processes(logs)
     try:
-        live = LiveEngine(engine, speed, procs, dump=dump)
+        live = LiveEngine(engine, speed, procs, seed=seed, dump=dump)
         live.start()
         steps, knee, source = ramp(live, plan, thresholds(spec))
         result = EngineResult(engine, steps, knee, source, not_measurable=NOT_MEASURABLE.get(engine))
@@ -413,6 +413,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--engines", default=",".join(ENGINES), help="comma-separated simulated engines")
     parser.add_argument("--speed", type=float, default=10.0, help="simulated seconds per wall second")
+    parser.add_argument("--seed", type=int, default=1, help="the simulators' seed (arrivals, lengths)")
     parser.add_argument("--step-rps", type=float, default=1.5, help="the ramp's load increment (requests/s)")
     parser.add_argument("--max-steps", type=int, default=16, help="the ramp's steps at most")
     parser.add_argument("--warm", type=float, default=20.0, help="simulated seconds before each measurement")
@@ -437,7 +438,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             for engine in [e for e in args.engines.split(",") if e]:
                 print(f"== {engine}", flush=True)
-                results.append(run_engine(engine, plan, spec, args.speed, Path(tmp) / engine, args.dump))
+                results.append(run_engine(engine, plan, spec, args.speed, Path(tmp) / engine, args.dump, args.seed))
         except (RuntimeError, httpx.HTTPError) as exc:
             print(f"setup failed: {exc}", file=sys.stderr)
             return 2

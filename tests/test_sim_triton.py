@@ -28,6 +28,7 @@ from inferwatch.simulator.scheduler import EngineParams
 from inferwatch.simulator.server import create_app
 from tests.conftest import ENGINE_FIXTURES, in_process
 from tests.fidelity import diff, schema
+from tests.support.asgi_client import post_scope
 
 FIXTURE = ENGINE_FIXTURES / "triton" / "25.03-trtllm" / "metrics.txt"
 ENSEMBLE = f"/v2/models/{R.ENSEMBLE}"
@@ -87,20 +88,7 @@ async def cancelled_stream(app: Any, body: dict[str, Any], keep: int) -> list[di
                 enough.set()
 
     path = f"{ENSEMBLE}/generate_stream"
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0", "spec_version": "2.3"},
-        "http_version": "1.1",
-        "method": "POST",
-        "scheme": "http",
-        "path": path,
-        "raw_path": path.encode(),
-        "query_string": b"",
-        "root_path": "",
-        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())],
-        "client": ("127.0.0.1", 40000),
-        "server": ("sim", 80),
-    }
+    scope = post_scope(path, len(payload))
     await asyncio.wait_for(app(scope, receive, send), timeout=30)
     return events(b"".join(received).decode())
 

@@ -11,6 +11,25 @@ from typing import Any
 from fastapi import FastAPI
 
 
+def post_scope(path: str, length: int) -> dict[str, Any]:
+    """The ASGI scope of a JSON ``POST path`` of ``length`` bytes from a client on 127.0.0.1."""
+    return {
+        "type": "http",
+        "asgi": {"version": "3.0", "spec_version": "2.3"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(b"content-type", b"application/json"), (b"content-length", str(length).encode())],
+        "client": ("127.0.0.1", 40000),
+        "server": ("sim", 80),
+        "state": {},
+    }
+
+
 async def leaving_client(
     app: FastAPI, path: str, body: Any, leave: asyncio.Event, after_events: int = 0
 ) -> tuple[int, int]:
@@ -37,20 +56,6 @@ async def leaving_client(
             if after_events and events >= after_events:
                 leave.set()
 
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0", "spec_version": "2.3"},
-        "http_version": "1.1",
-        "method": "POST",
-        "scheme": "http",
-        "path": path,
-        "raw_path": path.encode(),
-        "query_string": b"",
-        "root_path": "",
-        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())],
-        "client": ("127.0.0.1", 40000),
-        "server": ("sim", 80),
-        "state": {},
-    }
+    scope = post_scope(path, len(payload))
     await app(scope, receive, send)
     return status, events

@@ -20,8 +20,9 @@ names taken from the vLLM adapter's mapping rows; the exporter's output is the s
 **History.** Prometheus' ``rate(x[5m])`` of a series younger than five minutes is its slope scaled
 by the part of the window its samples cover, VictoriaMetrics' the slope itself: the absolute rates
 a recording rule may keep (e.g. the error and event rates over 5 minutes) would differ tenfold
-after half a minute. So
-the last ``HISTORY_S`` seconds of the series the SLOs read are written into both stores before they
+after half a minute, and a ratio of a series with history to one without (the headroom rules'
+histogram sums by their counts) would differ as much until the live samples fill its window. So
+the last ``HISTORY_S`` seconds of every engine series are written into both stores before they
 scrape, one sample a second, the same samples (``promtool tsdb create-blocks-from openmetrics`` for
 Prometheus, ``/api/v1/import/prometheus`` for VictoriaMetrics, with the label of the vmagent that owns
 the target). From then on both 5-minute windows are full, and for a linear series Prometheus'

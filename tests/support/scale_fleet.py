@@ -191,21 +191,6 @@ def exposition(replica: Replica, spec: SLOFile, vocabulary: V.Vocabulary, dialec
     return "\n".join(out) + "\n"
 
 
-def read_by_slos(spec: SLOFile) -> Callable[[str, dict[str, str]], bool]:
-    """Whether a canonical sample is one the SLOs read: a latency histogram's count and its bucket at
-    the threshold, the requests by outcome."""
-    names, buckets = set(), set()
-    for slo in spec.slos:
-        lat = slo.indicator.latency
-        if lat is None:
-            names.add(V.REQUESTS.name)
-            continue
-        metric = V.metric_by_key(lat.metric)
-        names.add(f"{metric.name}_count")
-        buckets.add((f"{metric.name}_bucket", V.format_le(lat.threshold_seconds)))
-    return lambda name, labels: name in names or (name, labels.get(V.LABEL_LE)) in buckets
-
-
 SAMPLE = re.compile(r"^([^{\s]+)\{(.*)\} (\S+)$")
 LABEL = re.compile(r'(\w+)="([^"]*)"')
 
@@ -219,24 +204,33 @@ def history(
     extra: Callable[[str], dict[str, str]],
     openmetrics: bool,
 ) -> str:
-    """The samples the SLOs read of every target at ``times``, labelled as its scraper stores them
-    (``job``, ``instance`` and ``extra(instance)``): OpenMetrics (seconds) for promtool, else the
-    Prometheus text format with milliseconds for VictoriaMetrics."""
-    wanted = read_by_slos(spec)
+    """Every engine sample of every target at ``times`` (counters and histograms growing as served,
+    gauges as they stand), labelled as its scraper stores them (``job``, ``instance`` and
+    ``extra(instance)``): OpenMetrics (seconds) for promtool, else the Prometheus text format with
+    milliseconds for VictoriaMetrics. All of them, not only what the SLOs read: a rule dividing a
+    series with history by one without (the headroom rules' sums by their counts) would differ between
+    Prometheus (whose rate of a young series is scaled by the part of the window it covers) and
+    VictoriaMetrics until the live samples fill its window."""
     out: list[str] = []
     for address, replica in targets.items():
         page = exposition(replica, spec, vocabulary, canonical_dialect, 1.0)  # values per request served
+        kinds: dict[str, str] = {}
         for line in page.splitlines():
+            if line.startswith("# TYPE "):
+                _, _, family, kind = line.split(" ")
+                kinds[family] = kind
+                continue
             m = SAMPLE.match(line)
             if not m:
                 continue
             name, per_request = m.group(1), float(m.group(3))
+            if name == V.EXPORTER_UP.name:
+                continue  # the exporter's word about itself, not the engine's
             labels = dict(LABEL.findall(m.group(2)))
-            if not wanted(name, labels):
-                continue
+            gauge = kinds.get(name) == V.Kind.GAUGE.value
             series = name + label_text({"job": EXPORTERS_JOB, "instance": address, **extra(address), **labels})
             for t in times:
-                value = V.format_value(per_request * replica.rate * (t - t0))
+                value = V.format_value(per_request if gauge else per_request * replica.rate * (t - t0))
                 out.append(f"{series} {value} {t:.3f}" if openmetrics else f"{series} {value} {round(t * 1000)}")
     if openmetrics:
         out.append("# EOF")

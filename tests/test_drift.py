@@ -8,12 +8,14 @@ import re
 from pathlib import Path
 
 from inferwatch.core import vocabulary as V
-from inferwatch.core import vocabulary_names
+from inferwatch.core import vocabulary_gpu, vocabulary_names, vocabulary_spec
 from inferwatch.exporters.engines import EngineRegistry
 from inferwatch.exporters.mapping import EngineAdapter
 from tests.conftest import ROOT
 
-VOCABULARY_FILES = frozenset(ROOT / "inferwatch" / "core" / f"{name}.py" for name in ("vocabulary", "vocabulary_names"))
+VOCABULARY_FILES = frozenset(
+    ROOT / "inferwatch" / "core" / f"{name}.py" for name in ("vocabulary", "vocabulary_names", "vocabulary_gpu")
+)
 """The one vocabulary: the module callers import (``V``) and the one whose names it re-exports."""
 OUTSIDE = "outside the vocabulary (inferwatch/core/vocabulary.py, vocabulary_names.py)"
 EXCLUDED_DIRS = {".venv", ".git", "fixtures", "__pycache__", "build", ".mypy_cache", ".ruff_cache"}
@@ -118,8 +120,24 @@ def test_rule_and_alert_names_spelled_once() -> None:
     assert not offenders, f"rule or alert names spelled {OUTSIDE}:\n" + "\n".join(offenders)
 
 
-def test_the_vocabulary_is_its_two_modules() -> None:
-    """The exemption above covers exactly the vocabulary's modules, and ``V`` re-exports every plain name."""
-    assert {Path(m.__file__ or "").resolve() for m in (V, vocabulary_names)} == {p.resolve() for p in VOCABULARY_FILES}
-    missing = [n for n in vocabulary_names.__all__ if getattr(V, n, None) is not getattr(vocabulary_names, n)]
-    assert not missing, f"names of vocabulary_names that V does not re-export: {missing}"
+def test_the_vocabulary_is_its_modules() -> None:
+    """The exemption above covers exactly the vocabulary's modules that spell names, and ``V`` re-exports
+    every name of each of its modules (the plain names, the GPU families, the metric shape)."""
+    spelling = (V, vocabulary_names, vocabulary_gpu)
+    assert {Path(m.__file__ or "").resolve() for m in spelling} == {p.resolve() for p in VOCABULARY_FILES}
+    for module in (vocabulary_names, vocabulary_gpu, vocabulary_spec):
+        missing = [n for n in module.__all__ if getattr(V, n, None) is not getattr(module, n)]
+        assert not missing, f"names of {module.__name__} that V does not re-export: {missing}"
+
+
+def test_dcgm_names_stay_in_the_dcgm_modules() -> None:
+    """Raw dcgm-exporter field names (a GPU source's dialect) only in modules named ``dcgm.py``."""
+    raw = re.compile(r"\bDCGM_(FI|EXP)_[A-Z_]+")
+    offenders = [
+        f"{path.relative_to(ROOT)}:{n}"
+        for path in python_files()
+        if path.name != "dcgm.py"
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if raw.search(line)
+    ]
+    assert not offenders, "dcgm-exporter field names outside a dcgm.py module:\n" + "\n".join(offenders)

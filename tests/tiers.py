@@ -64,6 +64,7 @@ COMPONENTS: dict[str, str | None] = {
     "test_engine_isolation.py": "exporters",
     "test_exporter_hardening.py": "exporters",
     "test_exporter_redirects.py": "exporters",
+    "test_exporter_gpus.py": "exporters",
     "test_exporter_serve.py": "exporters",
     "test_goldens.py": "exporters",
     "test_llamacpp.py": "exporters",

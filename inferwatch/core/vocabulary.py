@@ -18,10 +18,12 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Final
 
-# the plain names are part of this vocabulary: V.LABEL_MODEL, V.BUCKETS_TTFT, V.ALERT_SLO_BURN, ...
+# the metric shape, the GPU families and the plain names are part of this vocabulary:
+# V.MetricSpec, V.GPU_POWER, V.LABEL_MODEL, V.BUCKETS_TTFT, V.ALERT_SLO_BURN, ...
+from inferwatch.core.vocabulary_gpu import *  # noqa: F403
+from inferwatch.core.vocabulary_gpu import GPU_METRICS
 from inferwatch.core.vocabulary_names import *  # noqa: F403
 from inferwatch.core.vocabulary_names import (
     BUCKETS_REQUEST_DURATION,
@@ -36,51 +38,11 @@ from inferwatch.core.vocabulary_names import (
     LABEL_TARGET,
     format_le,
 )
-
-
-class Kind(StrEnum):
-    """Prometheus metric type of a canonical family."""
-
-    COUNTER = "counter"
-    GAUGE = "gauge"
-    HISTOGRAM = "histogram"
-
-
-class Aggregation(StrEnum):
-    """How several source series that land on one canonical series are combined."""
-
-    SUM = "sum"
-    MAX = "max"
-
-
-@dataclass(frozen=True, eq=False)
-class MetricSpec:
-    """One canonical metric family (compared by identity: each is a singleton defined here)."""
-
-    key: str
-    """Short stable identifier used in configuration (e.g. SLO indicators): ``time_to_first_token``."""
-    name: str
-    """Exposition name (with ``_total`` for counters)."""
-    kind: Kind
-    unit: str
-    help: str
-    labels: tuple[str, ...] = ()
-    """Labels beyond the common ``engine``/``model``/``dp_rank``/``role``."""
-    otel_name: str | None = None
-    buckets: tuple[float, ...] = ()
-    aggregation: Aggregation = Aggregation.SUM
-    health: bool = False
-    """Exporter self-metric rather than an engine signal."""
-
-
-def _hist(
-    key: str, name: str, unit: str, help_: str, buckets: tuple[float, ...], otel: str | None = None
-) -> MetricSpec:
-    return MetricSpec(key, name, Kind.HISTOGRAM, unit, help_, otel_name=otel, buckets=buckets)
-
+from inferwatch.core.vocabulary_spec import *  # noqa: F403
+from inferwatch.core.vocabulary_spec import Aggregation, Kind, MetricSpec, histogram_spec
 
 # Canonical metric names, spelled once. (The drift test scans the rest of the tree for them.)
-TIME_TO_FIRST_TOKEN: Final = _hist(
+TIME_TO_FIRST_TOKEN: Final = histogram_spec(
     "time_to_first_token",
     "llm_time_to_first_token_seconds",
     "seconds",
@@ -88,7 +50,7 @@ TIME_TO_FIRST_TOKEN: Final = _hist(
     BUCKETS_TTFT,
     "gen_ai.server.time_to_first_token",
 )
-TIME_PER_OUTPUT_TOKEN: Final = _hist(
+TIME_PER_OUTPUT_TOKEN: Final = histogram_spec(
     "time_per_output_token",
     "llm_time_per_output_token_seconds",
     "seconds",
@@ -96,14 +58,14 @@ TIME_PER_OUTPUT_TOKEN: Final = _hist(
     BUCKETS_TPOT,
     "gen_ai.server.time_per_output_token",
 )
-INTER_TOKEN_LATENCY: Final = _hist(
+INTER_TOKEN_LATENCY: Final = histogram_spec(
     "inter_token_latency",
     "llm_inter_token_latency_seconds",
     "seconds",
     "Time between consecutive outputs of a request, one observation per output.",
     BUCKETS_TPOT,
 )
-REQUEST_DURATION: Final = _hist(
+REQUEST_DURATION: Final = histogram_spec(
     "request_duration",
     "llm_request_duration_seconds",
     "seconds",
@@ -111,28 +73,28 @@ REQUEST_DURATION: Final = _hist(
     BUCKETS_REQUEST_DURATION,
     "gen_ai.server.request.duration",
 )
-REQUEST_QUEUE: Final = _hist(
+REQUEST_QUEUE: Final = histogram_spec(
     "request_queue",
     "llm_request_queue_seconds",
     "seconds",
     "Time a request waited in the engine's queue before it was first scheduled.",
     BUCKETS_TTFT,
 )
-REQUEST_PREFILL: Final = _hist(
+REQUEST_PREFILL: Final = histogram_spec(
     "request_prefill",
     "llm_request_prefill_seconds",
     "seconds",
     "Time from first scheduling to the first output token (prefill phase).",
     BUCKETS_TTFT,
 )
-REQUEST_DECODE: Final = _hist(
+REQUEST_DECODE: Final = histogram_spec(
     "request_decode",
     "llm_request_decode_seconds",
     "seconds",
     "Time from the first to the last output token (decode phase).",
     BUCKETS_REQUEST_DURATION,
 )
-REQUEST_PROMPT_TOKENS: Final = _hist(
+REQUEST_PROMPT_TOKENS: Final = histogram_spec(
     "request_prompt_tokens",
     "llm_request_prompt_tokens",
     "tokens",
@@ -140,7 +102,7 @@ REQUEST_PROMPT_TOKENS: Final = _hist(
     BUCKETS_TOKENS,
     "gen_ai.usage.input_tokens",
 )
-REQUEST_GENERATION_TOKENS: Final = _hist(
+REQUEST_GENERATION_TOKENS: Final = histogram_spec(
     "request_generation_tokens",
     "llm_request_generation_tokens",
     "tokens",
@@ -447,7 +409,7 @@ HEALTH_METRICS: Final[tuple[MetricSpec, ...]] = (
 LABEL_ESTIMATED: Final = "estimated"
 """``true`` when the proxy counted the tokens itself (the response carried no usage)."""
 
-CLIENT_TIME_TO_FIRST_TOKEN: Final = _hist(
+CLIENT_TIME_TO_FIRST_TOKEN: Final = histogram_spec(
     "client_time_to_first_token",
     "llm_client_time_to_first_token_seconds",
     "seconds",
@@ -456,7 +418,7 @@ CLIENT_TIME_TO_FIRST_TOKEN: Final = _hist(
     "tokenizer, detokenizer and the network between them).",
     BUCKETS_TTFT,
 )
-CLIENT_CHUNK_GAP: Final = _hist(
+CLIENT_CHUNK_GAP: Final = histogram_spec(
     "client_chunk_gap",
     "llm_client_chunk_gap_seconds",
     "seconds",
@@ -464,14 +426,14 @@ CLIENT_CHUNK_GAP: Final = _hist(
     "several tokens: a stall the user sees, not a per-token latency).",
     BUCKETS_TPOT,
 )
-CLIENT_TIME_PER_OUTPUT_TOKEN: Final = _hist(
+CLIENT_TIME_PER_OUTPUT_TOKEN: Final = histogram_spec(
     "client_time_per_output_token",
     "llm_client_time_per_output_token_seconds",
     "seconds",
     "Per streamed request at the proxy: (duration - TTFT) / (output tokens - 1).",
     BUCKETS_TPOT,
 )
-CLIENT_REQUEST_DURATION: Final = _hist(
+CLIENT_REQUEST_DURATION: Final = histogram_spec(
     "client_request_duration",
     "llm_client_request_duration_seconds",
     "seconds",
@@ -524,7 +486,7 @@ CLIENT_COUNTERPARTS: Final[dict[str, MetricSpec]] = {
 }
 """Engine-side metric key -> the proxy's measurement of the same thing (SLOs ``measured_at: proxy``)."""
 
-ALL_METRICS: Final[tuple[MetricSpec, ...]] = CANONICAL_METRICS + HEALTH_METRICS + CLIENT_METRICS
+ALL_METRICS: Final[tuple[MetricSpec, ...]] = CANONICAL_METRICS + HEALTH_METRICS + CLIENT_METRICS + GPU_METRICS
 HISTOGRAMS: Final[tuple[MetricSpec, ...]] = tuple(m for m in CANONICAL_METRICS if m.kind is Kind.HISTOGRAM)
 LATENCY_HISTOGRAMS: Final[tuple[MetricSpec, ...]] = tuple(m for m in HISTOGRAMS if m.unit == "seconds")
 

@@ -27,6 +27,11 @@ __all__ = [
     "BUCKETS_TTFT",
     "CAPACITY_CONCURRENCY_RECORD",
     "CAPACITY_REQUESTS_PER_SECOND_RECORD",
+    "COST_GOODPUT_PER_MILLION_RECORD",
+    "COST_GPU_HOURLY_RECORD",
+    "COST_IDLE_HOURLY_RECORD",
+    "COST_PER_MILLION_GENERATION_RECORD",
+    "COST_PER_MILLION_PROMPT_RECORD",
     "ENGINES",
     "ENGINE_LLAMACPP",
     "ENGINE_SGLANG",
@@ -35,6 +40,14 @@ __all__ = [
     "ENGINE_TRTLLM",
     "ENGINE_VLLM",
     "FALSE",
+    "GPU_CLOCK_HW_POWER_BRAKE",
+    "GPU_CLOCK_HW_SLOWDOWN",
+    "GPU_CLOCK_HW_THERMAL",
+    "GPU_CLOCK_POWER_CAP",
+    "GPU_CLOCK_SW_THERMAL",
+    "GPU_THROTTLE_CAUSES",
+    "GPU_THROTTLE_POWER",
+    "GPU_THROTTLE_THERMAL",
     "HEADROOM_KV_LIMIT",
     "HEADROOM_LIMIT_CONCURRENCY_RECORD",
     "HEADROOM_LIMIT_RATE_RECORD",
@@ -45,7 +58,11 @@ __all__ = [
     "LABEL_DP_RANK",
     "LABEL_ENGINE",
     "LABEL_ENGINE_VERSION",
+    "LABEL_GPU",
     "LABEL_GPU_MEMORY_UTILIZATION",
+    "LABEL_GPU_MODEL",
+    "LABEL_GPU_UUID",
+    "LABEL_HOST",
     "LABEL_KV_CACHE_DTYPE",
     "LABEL_LE",
     "LABEL_LIMITING_SLO",
@@ -55,10 +72,13 @@ __all__ = [
     "LABEL_MODEL",
     "LABEL_ORDER",
     "LABEL_OUTCOME",
+    "LABEL_POOL",
     "LABEL_PREFIX_CACHING",
     "LABEL_REASON",
     "LABEL_ROLE",
     "LABEL_TARGET",
+    "LABEL_TENANT",
+    "LABEL_XID",
     "LOAD_REQUESTS_PER_SECOND_RECORD",
     "LONG_WINDOW_LABEL",
     "OUTCOMES",
@@ -102,6 +122,8 @@ __all__ = [
     "SLO_PERIOD_ERROR_RATIO_RECORD",
     "SLO_SERVICE_LABEL",
     "SLO_WINDOWS",
+    "TENANT_ANONYMOUS",
+    "TENANT_OTHER",
     "TRUE",
     "UNKNOWN",
     "format_le",
@@ -123,6 +145,18 @@ LABEL_TARGET: Final = "target"
 LABEL_REASON: Final = "reason"
 LABEL_LORA_ADAPTER: Final = "lora_adapter"
 LABEL_LE: Final = "le"
+# the GPU beneath an engine (``llm_gpu_*``) and who asked (``tenant``)
+LABEL_GPU: Final = "gpu"
+"""The GPU's index on its host (NVML's order, which may differ from ``CUDA_VISIBLE_DEVICES``')."""
+LABEL_GPU_UUID: Final = "gpu_uuid"
+LABEL_GPU_MODEL: Final = "gpu_model"
+"""The board's product name (``NVIDIA H100 80GB HBM3``): what a price per GPU-hour is set for."""
+LABEL_HOST: Final = "host"
+LABEL_POOL: Final = "pool"
+"""The GPU pool a replica runs on (an exporter target's ``gpus.pool``): what a price may be set for."""
+LABEL_XID: Final = "xid"
+LABEL_TENANT: Final = "tenant"
+"""Who sent a request through ``inferwatch proxy``: a keyed hash of its API key, or a header's value."""
 # llm_engine_info labels (config facts an engine reveals)
 LABEL_ENGINE_VERSION: Final = "engine_version"
 LABEL_BLOCK_SIZE: Final = "block_size"
@@ -152,9 +186,38 @@ LABEL_ORDER: Final[tuple[str, ...]] = (
     LABEL_REASON,
     LABEL_LORA_ADAPTER,
     *INFO_LABELS,
+    LABEL_POOL,
+    LABEL_HOST,
+    LABEL_GPU,
+    LABEL_GPU_UUID,
+    LABEL_GPU_MODEL,
+    LABEL_XID,
+    LABEL_TENANT,
 )
 
 # --- label values ----------------------------------------------------------------------------
+# why a GPU's clocks are held down (``llm_gpu_clock_event_active{reason}``; NVML's clock-event bits)
+GPU_CLOCK_POWER_CAP: Final = "power_cap"
+GPU_CLOCK_HW_SLOWDOWN: Final = "hw_slowdown"
+GPU_CLOCK_SW_THERMAL: Final = "sw_thermal"
+GPU_CLOCK_HW_THERMAL: Final = "hw_thermal"
+GPU_CLOCK_HW_POWER_BRAKE: Final = "hw_power_brake"
+GPU_THROTTLE_POWER: Final = "power"
+GPU_THROTTLE_THERMAL: Final = "thermal"
+GPU_THROTTLE_CAUSES: Final[dict[str, str]] = {
+    GPU_CLOCK_POWER_CAP: GPU_THROTTLE_POWER,
+    GPU_CLOCK_HW_SLOWDOWN: GPU_THROTTLE_POWER,
+    GPU_CLOCK_HW_POWER_BRAKE: GPU_THROTTLE_POWER,
+    GPU_CLOCK_SW_THERMAL: GPU_THROTTLE_THERMAL,
+    GPU_CLOCK_HW_THERMAL: GPU_THROTTLE_THERMAL,
+}
+"""The clock-event reasons that mean throttling, and their cause (``power`` or ``thermal``): the
+``reason`` of ``llm_gpu_throttle_seconds_total`` and of the ``gpu_throttled`` finding. Other clock
+events (idle, application clocks, sync boost, display) are not throttling."""
+TENANT_OTHER: Final = "other"
+"""The tenant of every request whose tenant is not among the busiest (the cardinality bound)."""
+TENANT_ANONYMOUS: Final = "anonymous"
+"""The tenant of a request with no API key (or no tenant header)."""
 ENGINE_VLLM: Final = "vllm"
 ENGINE_TGI: Final = "tgi"
 ENGINE_TRTLLM: Final = "trtllm"
@@ -394,3 +457,16 @@ def is_label_name(name: str) -> bool:
 def slo_error_ratio(window: str) -> str:
     """The recording rule of the SLI error ratio over ``window`` (``5m`` … ``3d``)."""
     return f"{SLO_ERROR_RATIO_PREFIX}{window}"
+
+
+# --- issue 34: cost (recording rules of inferwatch/alerts; names fixed before the rules were written) --
+COST_GPU_HOURLY_RECORD: Final = "llm:gpu_cost_usd_per_hour"
+"""Per replica (engine, model, instance; pool when known): what its GPUs cost per hour at the SLO file's prices."""
+COST_PER_MILLION_GENERATION_RECORD: Final = "llm:cost_usd_per_million_generation_tokens"
+"""Per model: its GPUs' cost over the window divided by the generated tokens, per million."""
+COST_PER_MILLION_PROMPT_RECORD: Final = "llm:cost_usd_per_million_prompt_tokens"
+"""Per model: its GPUs' cost over the window divided by the prompt tokens, per million."""
+COST_GOODPUT_PER_MILLION_RECORD: Final = "llm:goodput_cost_usd_per_million_generation_tokens"
+"""Per model: the same cost divided by the generated tokens of requests that met every latency SLO."""
+COST_IDLE_HOURLY_RECORD: Final = "llm:idle_gpu_cost_usd_per_hour"
+"""Per model: the hourly cost of its replicas' GPUs while they ran no request."""

@@ -23,15 +23,18 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
 from inferwatch.core import vocabulary as V
+from inferwatch.core.config import ConfigError
+from inferwatch.exporters import gpus
 from inferwatch.exporters.engines import EngineRegistry
 from inferwatch.exporters.fetching import EngineRequest, Limits, Watchdog
 from inferwatch.exporters.mapping import (
@@ -133,11 +136,23 @@ class TargetScraper:
     _session_lock: threading.Lock = field(default_factory=threading.Lock)
     """held while the session fetches, polls or translates (its state is not thread-safe)."""
     _state_lock: threading.Lock = field(default_factory=threading.Lock)
+    environ: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
+    """where ``gpus.pod_from_env`` finds the pod's name and namespace."""
+    _gpu_error: str | None = None
 
     def __post_init__(self) -> None:
         if self.target.engine != AUTO:
             adapter = self.registry.get(self.target.engine)
             self.session = adapter.open(self.target.options_for(adapter))
+        self.gpu_selection: gpus.GpuSelection | None = None
+        src = self.target.gpus
+        if src is not None:
+            try:
+                self.gpu_selection = gpus.selection(
+                    src.uuids, src.host, src.indices, src.pod, src.namespace, src.pod_from_env, self.environ
+                )
+            except gpus.GpuSelectionError as exc:
+                raise ConfigError(f"target {self.target.label}: {exc}") from None
         self.base, self.path = _split(self.target.url)
         self.limits = Limits(self.target.timeout_seconds, self.target.max_body_bytes, self.target.follow_redirects)
 
@@ -283,10 +298,43 @@ class TargetScraper:
                     log.exception("target %s: translation failed", self.target.label)
                 self._last_error = V.SCRAPE_ERROR_INTERNAL
             return self._down(start, V.SCRAPE_ERROR_INTERNAL)
+        gpu = self._gpus(request, snap, adapter)
+        if gpu is not None:
+            snap = merge_snapshots([snap, gpu])
         self._state_ok()
         if snap.unmapped:
             log.debug("target %s: unmapped families: %s", self.target.label, ", ".join(snap.unmapped))
         return with_health(snap, self.target.label, adapter.name, self.target.labels, self.clock() - start)
+
+    def _gpus(self, request: EngineRequest, snap: Snapshot, adapter: EngineAdapter) -> Snapshot | None:
+        """This target's GPUs from its GPU source, labelled as its replica; ``None`` (logged once per
+        change) when the source cannot be read: the engine's own series are served regardless."""
+        src, chosen = self.target.gpus, self.gpu_selection
+        if src is None or chosen is None:
+            return None
+        models = gpus.models_of(snap)
+        model = next(iter(models)) if len(models) == 1 else self._context(adapter).model_for(None)
+        try:
+            budget = min(src.timeout_seconds, max(0.0, request.deadline.remaining()))
+            text = request.get(src.url, budget=budget)
+            replica = {V.LABEL_ENGINE: adapter.name, V.LABEL_MODEL: model}
+            found = gpus.translate(text, chosen, replica, self.target.labels, src.pool)
+        except (ScrapeError, ParseError) as exc:
+            self._gpu_state(f"GPU source {src.url} failed ({exc.reason}): {exc}")
+            return None
+        if not found.metrics():
+            self._gpu_state(f"GPU source {src.url} lists none of this target's GPUs (check its gpus: section)")
+            return None
+        self._gpu_state(None)
+        return found
+
+    def _gpu_state(self, error: str | None) -> None:
+        with self._state_lock:
+            if error is not None and error != self._gpu_error:
+                log.warning("target %s: %s", self.target.label, error)
+            elif error is None and self._gpu_error is not None:
+                log.warning("target %s: GPU source recovered", self.target.label)
+            self._gpu_error = error
 
     def _down(self, start: float, reason: str) -> Snapshot:
         return health_snapshot(

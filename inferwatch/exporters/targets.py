@@ -30,6 +30,50 @@ Problem = tuple[str, str]
 """(where, what): a dotted location such as ``targets.0.options.NAME``, and the message."""
 
 
+DEFAULT_GPU_TIMEOUT_SECONDS = 2.0
+
+
+class GpuSourceConfig(BaseModel):
+    """Where the GPUs of one engine target are described (NVIDIA dcgm-exporter's page) and which of its
+    GPUs are this target's: by UUID (preferred: NVML's index order may differ from CUDA's), by host and
+    index, or on Kubernetes by the pod that holds them (dcgm-exporter labels each GPU with its pod)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    url: str = Field(description="The GPU source's metrics URL (dcgm-exporter: http://HOST:9400/metrics).")
+    uuids: list[str] = Field(default_factory=list, description="This target's GPUs by UUID (GPU-...).")
+    host: str | None = Field(None, description="With indices: the GPUs' host as the source names it.")
+    indices: list[int] = Field(default_factory=list, description="With host: this target's GPUs by NVML index.")
+    pod: str | None = Field(
+        None, description="Kubernetes: the GPUs held by this pod (default: $POD_NAME when pod_from_env)."
+    )
+    namespace: str | None = Field(None, description="Kubernetes: the pod's namespace (default: $POD_NAMESPACE).")
+    pod_from_env: bool = Field(
+        False, description="Kubernetes: take pod and namespace from $POD_NAME and $POD_NAMESPACE (downward API)."
+    )
+    pool: str | None = Field(None, description="The GPU pool, as the `pool` label (prices may be set per pool).")
+    timeout_seconds: float = Field(
+        DEFAULT_GPU_TIMEOUT_SECONDS, gt=0, description="Deadline of one read of the GPU source."
+    )
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        if not value.startswith(("http://", "https://")):
+            raise ValueError(f"url must start with http:// or https://, got {value!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _one_selection(self) -> GpuSourceConfig:
+        by_host = self.host is not None or bool(self.indices)
+        ways = [bool(self.uuids), by_host, self.pod is not None or self.pod_from_env]
+        if sum(ways) != 1:
+            raise ValueError("name this target's GPUs one way: uuids, or host and indices, or pod (or pod_from_env)")
+        if (self.host is None) != (not self.indices):
+            raise ValueError("host and indices go together")
+        return self
+
+
 class TargetConfig(BaseModel):
     """One engine the exporter scrapes."""
 
@@ -57,6 +101,9 @@ class TargetConfig(BaseModel):
     )
     options: dict[str, JsonValue] = Field(
         default_factory=dict, description="Engine options by name (`inferwatch exporter engines` lists them)."
+    )
+    gpus: GpuSourceConfig | None = Field(
+        None, description="The GPUs this engine runs on, joined to its series as llm_gpu_* (docs/gpu.md)."
     )
 
     @field_validator("url")

@@ -210,6 +210,23 @@ def _serve_config(
         raise fail(f"invalid option: {exc}") from None
 
 
+def _with_gpus(
+    cfg: ExporterConfig, config: Path | None, source: str | None, uuids: list[str], pool: str | None
+) -> ExporterConfig:
+    """``cfg`` with the GPU flags as its one target's ``gpus`` section."""
+    from inferwatch.exporters.targets import GpuSourceConfig
+
+    if config is not None or len(cfg.targets) != 1:
+        raise fail("--gpu-source goes with one --target; with --config or several targets, give each a gpus: section")
+    if source is None or not uuids:
+        raise fail("give --gpu-source URL and the target's GPUs (--gpu-uuid, repeatable) together")
+    try:
+        gpus = GpuSourceConfig(url=source, uuids=uuids, pool=pool)
+    except ValueError as exc:
+        raise fail(f"invalid GPU option: {exc}") from None
+    return cfg.model_copy(update={"targets": [cfg.targets[0].model_copy(update={"gpus": gpus})]})
+
+
 @exporter_app.command("serve")
 def serve(
     target: Annotated[
@@ -248,6 +265,20 @@ def serve(
             "reason redirect (overrides the --config file's follow_redirects)."
         ),
     ] = None,
+    gpu_source: Annotated[
+        str | None,
+        typer.Option(
+            help="The --target's GPU source: dcgm-exporter's metrics URL (http://HOST:9400/metrics); its GPUs "
+            "named by --gpu-uuid are served as llm_gpu_* with the engine's labels (docs/gpu.md). With --config, "
+            "give each target a gpus: section instead."
+        ),
+    ] = None,
+    gpu_uuid: Annotated[
+        list[str] | None, typer.Option(help="A GPU of the --target, by UUID (GPU-...; repeatable).")
+    ] = None,
+    gpu_pool: Annotated[
+        str | None, typer.Option(help="The GPU pool of the --target, as the pool label (prices may be per pool).")
+    ] = None,
     grace: Annotated[
         float, typer.Option(help="On SIGTERM or SIGINT, seconds to let the scrapes being served finish.")
     ] = 5.0,
@@ -280,7 +311,12 @@ def serve(
         "follow_redirects": follow_redirects,
     }
     cfg = _serve_config(registry, config, target, engine, listen, model, options, limits)
-    exporter = Exporter(config=cfg, registry=registry, vocabulary=settings.vocabulary())
+    if gpu_source is not None or gpu_uuid or gpu_pool is not None:
+        cfg = _with_gpus(cfg, config, gpu_source, gpu_uuid or [], gpu_pool)
+    try:
+        exporter = Exporter(config=cfg, registry=registry, vocabulary=settings.vocabulary())
+    except ConfigError as exc:
+        raise fail(str(exc)) from None
     try:
         host, port = exporter.start()
     except OSError as exc:

@@ -11,10 +11,13 @@ last XID as a label. The join is checked through a real exporter scraping two HT
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import httpx
 import pytest
+from typer.testing import CliRunner
 
+from inferwatch.cli import app
 from inferwatch.core import vocabulary as V
 from inferwatch.core.config import ConfigError
 from inferwatch.exporters import gpus
@@ -195,3 +198,27 @@ def test_pod_from_env_without_the_env_is_a_configuration_error(registry: EngineR
     )
     with httpx.Client() as client, pytest.raises(ConfigError, match="POD_NAME"):
         TargetScraper(target=target, registry=registry, vocabulary=V.Vocabulary(), client=client, environ={})
+
+
+@pytest.mark.parametrize(
+    ("flags", "says"),
+    [
+        (["--gpu-source", "http://127.0.0.1:2/metrics"], "--gpu-uuid, repeatable, or --gpu-pod-from-env"),
+        (["--gpu-source", "http://127.0.0.1:2/metrics", "--gpu-pod-from-env"], "$POD_NAME is not set"),
+    ],
+)
+def test_serve_gpu_flags_say_what_is_missing(flags: list[str], says: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("POD_NAME", raising=False)
+    args = ["exporter", "serve", "--target", "http://127.0.0.1:1", "--listen", "127.0.0.1:0", *flags]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code != 0
+    assert says in " ".join(result.output.split())
+
+
+def test_serve_gpu_flags_do_not_apply_to_a_config_file(tmp_path: Path) -> None:
+    config = tmp_path / "exporter.yaml"
+    config.write_text("targets:\n  - url: http://127.0.0.1:1\n")
+    args = ["exporter", "serve", "--config", str(config), "--gpu-source", "http://127.0.0.1:2/metrics"]
+    result = CliRunner().invoke(app, [*args, "--gpu-uuid", GPU0])
+    assert result.exit_code != 0
+    assert "give each a gpus: section" in " ".join(result.output.split())

@@ -211,17 +211,17 @@ def _serve_config(
 
 
 def _with_gpus(
-    cfg: ExporterConfig, config: Path | None, source: str | None, uuids: list[str], pool: str | None
+    cfg: ExporterConfig, config: Path | None, source: str | None, uuids: list[str], pool: str | None, from_env: bool
 ) -> ExporterConfig:
     """``cfg`` with the GPU flags as its one target's ``gpus`` section."""
     from inferwatch.exporters.targets import GpuSourceConfig
 
     if config is not None or len(cfg.targets) != 1:
         raise fail("--gpu-source goes with one --target; with --config or several targets, give each a gpus: section")
-    if source is None or not uuids:
-        raise fail("give --gpu-source URL and the target's GPUs (--gpu-uuid, repeatable) together")
+    if source is None or not (uuids or from_env):
+        raise fail("give --gpu-source URL and the target's GPUs (--gpu-uuid, repeatable, or --gpu-pod-from-env)")
     try:
-        gpus = GpuSourceConfig(url=source, uuids=uuids, pool=pool)
+        gpus = GpuSourceConfig(url=source, uuids=uuids, pool=pool, pod_from_env=from_env)
     except ValueError as exc:
         raise fail(f"invalid GPU option: {exc}") from None
     return cfg.model_copy(update={"targets": [cfg.targets[0].model_copy(update={"gpus": gpus})]})
@@ -276,6 +276,13 @@ def serve(
     gpu_uuid: Annotated[
         list[str] | None, typer.Option(help="A GPU of the --target, by UUID (GPU-...; repeatable).")
     ] = None,
+    gpu_pod_from_env: Annotated[
+        bool,
+        typer.Option(
+            help="Kubernetes: the --target's GPUs are those dcgm-exporter labels with this pod ($POD_NAME and "
+            "$POD_NAMESPACE from the downward API), instead of --gpu-uuid."
+        ),
+    ] = False,
     gpu_pool: Annotated[
         str | None, typer.Option(help="The GPU pool of the --target, as the pool label (prices may be per pool).")
     ] = None,
@@ -311,8 +318,8 @@ def serve(
         "follow_redirects": follow_redirects,
     }
     cfg = _serve_config(registry, config, target, engine, listen, model, options, limits)
-    if gpu_source is not None or gpu_uuid or gpu_pool is not None:
-        cfg = _with_gpus(cfg, config, gpu_source, gpu_uuid or [], gpu_pool)
+    if gpu_source is not None or gpu_uuid or gpu_pool is not None or gpu_pod_from_env:
+        cfg = _with_gpus(cfg, config, gpu_source, gpu_uuid or [], gpu_pool, gpu_pod_from_env)
     try:
         exporter = Exporter(config=cfg, registry=registry, vocabulary=settings.vocabulary())
     except ConfigError as exc:

@@ -51,6 +51,8 @@ from inferwatch.demo_view import (
     scrape,
     view,
 )
+from inferwatch.simulator.dcgm import PATH as SIM_GPU_PATH
+from inferwatch.simulator.gpu import sim_gpu_uuid
 from inferwatch.stack import Exporter, Layout, generate
 
 ENGINES = V.ENGINES
@@ -354,6 +356,8 @@ class Fleet:
 def _exporter_cmd(m: Member) -> list[str]:
     exp = _inferwatch("exporter", "serve", f"--target={m.sim_url}", f"--engine={m.engine}")
     exp += [f"--listen=127.0.0.1:{m.exporter_port}", "--log-level=warning"]
+    # the simulator's GPU: a dcgm-exporter-shaped page beside its engine API (a real one is its own process)
+    exp += [f"--gpu-source={m.sim_url}{SIM_GPU_PATH}", f"--gpu-uuid={sim_gpu_uuid(m.engine, m.sim_port, 0)}"]
     if m.engine == V.ENGINE_TGI:
         exp += ["--engine-option", f"max_batch_total_tokens={TGI_KV_TOKENS}"]
     return exp

@@ -18,7 +18,10 @@ def simulate(
     engine: Annotated[SimEngine, typer.Option(help="Which engine's wire formats to simulate.")],
     port: Annotated[int, typer.Option(help="Port on 127.0.0.1.")] = 8000,
     model: Annotated[str, typer.Option(help="Served model name.")] = "sim-model",
-    profile: Annotated[str, typer.Option(help="Load profile (see --list-profiles).")] = "steady",
+    profile: Annotated[
+        str | None,
+        typer.Option(help="Load profile (see --list-profiles; default: the GPU profile's load, else steady)."),
+    ] = None,
     load: Annotated[
         float | None, typer.Option(help="Built-in load in requests/s (default: the profile's; 0: none).")
     ] = None,
@@ -33,24 +36,46 @@ def simulate(
     max_num_seqs: Annotated[int, typer.Option(help="Sequences in the running batch at most.")] = 64,
     max_model_len: Annotated[int, typer.Option(help="Context length (prompt + output).")] = 4096,
     host: Annotated[str, typer.Option(help="Address to bind (loopback by default).")] = "127.0.0.1",
-    list_profiles: Annotated[bool, typer.Option(help="List the load profiles and exit.")] = False,
+    gpu_profile: Annotated[
+        str, typer.Option(help="What the simulated GPUs do (see --list-profiles); page at /dcgm/metrics.")
+    ] = "normal",
+    gpus: Annotated[int, typer.Option(help="Simulated GPUs beneath the engine (tensor parallel), 1 to 8.")] = 1,
+    gpu_xid: Annotated[
+        int, typer.Option(help="An XID the last GPU reports (13, 31, 48, 79, 94, 95, 119; 0: the GPU profile's).")
+    ] = 0,
+    gpu_xid_after: Annotated[float, typer.Option(help="Simulated seconds after start of --gpu-xid.")] = 30.0,
+    list_profiles: Annotated[bool, typer.Option(help="List the load and GPU profiles and exit.")] = False,
 ) -> None:
     """Serve a simulated LLM engine: its API, /metrics in its exact dialect, and its spans.
 
-    For demos and tests without a GPU; point inferwatch at real engines in production. Switch the
-    profile at runtime with: curl -XPOST localhost:PORT/simulator/profile -d '{"profile":"kv-pressure"}'
+    For demos and tests without a GPU; point inferwatch at real engines in production. Its GPUs'
+    dcgm-exporter page is at /dcgm/metrics. Switch profiles at runtime with:
+    curl -XPOST localhost:PORT/simulator/profile -d '{"profile":"kv-pressure"}' (or /simulator/gpu)
     """
     with needs_extra("sim", "simulate"):
         from inferwatch.simulator.base import SimSettings
-        from inferwatch.simulator.profiles import PROFILES
+        from inferwatch.simulator.dcgm import XID_MESSAGES
+        from inferwatch.simulator.gpu import MAX_GPUS
+        from inferwatch.simulator.profiles import GPU_PROFILES, PROFILES
         from inferwatch.simulator.server import default_params, serve
 
     if list_profiles:
         for p in PROFILES.values():
             typer.echo(f"{p.name:14} {p.rps:5g} rps  {p.description}")
+        typer.echo("\nGPU profiles (--gpu-profile):")
+        for g in GPU_PROFILES.values():
+            typer.echo(f"{g.name:14} {g.description}")
         return
-    if profile not in PROFILES:
+    if profile is not None and profile not in PROFILES:
         raise fail(f"unknown profile {profile!r}; known: {', '.join(PROFILES)}")
+    if gpu_profile not in GPU_PROFILES:
+        raise fail(f"unknown GPU profile {gpu_profile!r}; known: {', '.join(GPU_PROFILES)}")
+    if not 1 <= gpus <= MAX_GPUS:
+        raise fail(f"--gpus must be 1 to {MAX_GPUS}, not {gpus}")
+    if gpu_xid and gpu_xid not in XID_MESSAGES:
+        raise fail(f"--gpu-xid {gpu_xid} is not simulated; known: {', '.join(map(str, XID_MESSAGES))}")
+    if gpu_xid_after < 0:
+        raise fail("--gpu-xid-after cannot be negative")
     params = default_params(engine)
     if block_size:
         params.num_blocks = params.num_blocks * params.block_size // block_size
@@ -71,8 +96,17 @@ def simulate(
         seed=seed,
         speed=speed,
         params=params,
+        gpu_profile=gpu_profile,
+        gpus=gpus,
+        gpu_xid=gpu_xid,
+        gpu_xid_after=gpu_xid_after,
     )
-    err.print(f"simulated {engine} serving http://{host}:{port} (model {model}, profile {profile}, speed {speed:g}x)")
+    gpu = GPU_PROFILES[gpu_profile]
+    load_name = profile or (gpu.load.name if gpu.load is not None else "steady")
+    err.print(
+        f"simulated {engine} serving http://{host}:{port} (model {model}, profile {load_name}, "
+        f"GPU {gpu_profile} x{gpus} at /dcgm/metrics, speed {speed:g}x)"
+    )
     serve(settings)
 
 

@@ -24,8 +24,9 @@ from opentelemetry.trace import Tracer
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from inferwatch.simulator.clock import Clock, SimClock
-from inferwatch.simulator.profiles import Profile, get_profile
-from inferwatch.simulator.runtime import EngineLoop, LoadGenerator, apply_profile, lognormal_int
+from inferwatch.simulator.gpu import GpuConfig, SimulatedGpus
+from inferwatch.simulator.profiles import GpuProfile, Profile, get_gpu_profile, get_profile
+from inferwatch.simulator.runtime import EngineLoop, LoadGenerator, apply_gpu_profile, apply_profile, lognormal_int
 from inferwatch.simulator.scheduler import EngineParams, Finish, Sequence, ServingModel, StepReport
 
 OtlpProtocol = Literal["http/protobuf", "grpc"]
@@ -83,7 +84,8 @@ class SimSettings:
     model: str = "sim-model"
     host: str = "127.0.0.1"
     port: int = 8000
-    profile: str = "steady"
+    profile: str | None = None
+    """the load profile; ``None``: the GPU profile's load, else ``steady``."""
     load: float | None = None
     """requests/s of the built-in load generator (``None``: the profile's rate; 0: no built-in load)."""
     otlp_endpoint: str | None = None
@@ -92,6 +94,12 @@ class SimSettings:
     speed: float = 1.0
     params: EngineParams = field(default_factory=EngineParams)
     version: str = ""
+    gpu_profile: str = "normal"
+    gpus: int = 1
+    """simulated GPUs beneath the engine (tensor parallelism), on its ``/dcgm/metrics`` page."""
+    gpu_xid: int = 0
+    """an XID the last GPU reports ``gpu_xid_after`` seconds after start (0: the GPU profile's, if any)."""
+    gpu_xid_after: float = 30.0
 
 
 class SpanSink:
@@ -188,7 +196,8 @@ class EngineMetrics:
 
 
 class SimulatedEngine:
-    """The serving model, its clock and loop, the built-in load and the active profile.
+    """The serving model, its clock and loop, the built-in load, the active profiles and the GPUs beneath it
+    (:mod:`inferwatch.simulator.gpu`, which slow its steps when their clocks drop).
 
     The clock is scaled wall time (``settings.speed``) unless one is given (a virtual clock in tests).
     """
@@ -202,8 +211,25 @@ class SimulatedEngine:
         self.clock: Clock = clock if clock is not None else SimClock(speed=settings.speed)
         self.model = ServingModel(self.params, random.Random(settings.seed + 1))
         self.loop = EngineLoop(self.model, self.clock)
-        self.profile: Profile = get_profile(settings.profile).with_rps(settings.load)
+        self.gpu_profile: GpuProfile = get_gpu_profile(settings.gpu_profile)
+        self.profile: Profile = self._load_of(settings.profile, self.gpu_profile).with_rps(settings.load)
         apply_profile(self.params, self.profile)
+        apply_gpu_profile(self.params, self.gpu_profile)
+        self.gpus = SimulatedGpus(
+            GpuConfig(
+                engine=settings.engine,
+                port=settings.port,
+                profile=self.gpu_profile,
+                count=settings.gpus,
+                seed=settings.seed,
+                xid=settings.gpu_xid,
+                xid_after=settings.gpu_xid_after,
+            ),
+            start=self.clock.now(),
+        )
+        self.gpus.pending_start = lambda: self.model.pending_start
+        self.model.gpu_time_scale = self.gpus.time_scale
+        self.loop.observers.append(self.gpus)
         self.load = LoadGenerator(
             self.submit_internal,
             self.clock,
@@ -251,9 +277,27 @@ class SimulatedEngine:
         if self.spans is not None:
             self.spans.shutdown()
 
+    @staticmethod
+    def _load_of(name: str | None, gpu: GpuProfile) -> Profile:
+        if name is not None:
+            return get_profile(name)
+        return gpu.load if gpu.load is not None else get_profile("steady")
+
     def set_profile(self, name: str, rps: float | None = None) -> Profile:
         """Switch the load profile; ``rps`` overrides its rate (else ``--load``, else the profile's)."""
-        profile = get_profile(name)
+        return self._switch_load(get_profile(name), rps)
+
+    def set_gpu_profile(self, name: str) -> GpuProfile:
+        """Switch the GPU profile, and the load to the one it brings (if any)."""
+        gpu = get_gpu_profile(name)
+        self.gpu_profile = gpu
+        self.gpus.set_profile(gpu)
+        apply_gpu_profile(self.params, gpu)
+        if gpu.load is not None:
+            self._switch_load(gpu.load, None)
+        return gpu
+
+    def _switch_load(self, profile: Profile, rps: float | None) -> Profile:
         if rps is not None:
             profile = profile.with_rps(rps)
         elif self.settings.load is not None:
@@ -322,15 +366,16 @@ class SimulatedEngine:
             prefix_key=prefix_key,
             prefix_tokens=prefix_tokens,
         )
-        if self.on_internal_finish:
-            seq.listener = self._internal_listener
+        seq.listener = self._internal_listener
         try:
             self.loop.submit(seq)
         except ValueError:
             return
+        self.load.started()
 
     def _internal_listener(self, seq: Sequence, kind: str) -> None:
         if kind == "finish":
+            self.load.finished()
             for cb in self.on_internal_finish:
                 cb(seq)
 

@@ -1,8 +1,14 @@
-"""Load profiles that reproduce the operating failure modes, each visible in the engine's own metrics.
+"""Load profiles that reproduce the operating failure modes, each visible in the engine's own metrics,
+and GPU profiles: what the GPU beneath the engine does (its page: :mod:`inferwatch.simulator.dcgm`).
 
-A profile sets the built-in load (arrival rate, prompt and output lengths, shared prefixes) and a few
-engine behaviours (decode speed, failure share). The engine's capacity (KV blocks, sequence slots)
-never changes at runtime, as on a real engine: the failure modes come from the load meeting it.
+A profile sets the built-in load (arrival rate, prompt and output lengths, shared prefixes, a client
+concurrency cap) and a few engine behaviours (decode speed, failure share). The engine's capacity (KV
+blocks, sequence slots) never changes at runtime, as on a real engine: the failure modes come from the
+load meeting it.
+
+A GPU profile (``--gpu-profile``) sets the GPU's power limit, an XID error, and where the bottleneck
+is: a GPU profile may bring the load that shows it (``saturated`` runs ``kv-pressure``), which
+``--profile`` overrides when given.
 """
 
 from __future__ import annotations
@@ -25,6 +31,8 @@ class Profile:
     decode_slowdown: float = 1.0
     error_rate: float = 0.0
     max_tokens: int = 512
+    concurrency: int = 0
+    """requests in flight at most (a client's concurrency cap; arrivals wait for a free slot); 0: none."""
 
     def with_rps(self, rps: float | None) -> Profile:
         return self if rps is None else replace(self, rps=rps)
@@ -93,3 +101,75 @@ def get_profile(name: str) -> Profile:
         return PROFILES[name]
     except KeyError:
         raise KeyError(f"unknown profile {name!r}; known: {', '.join(PROFILES)}") from None
+
+
+BOARD_POWER_LIMIT = 700.0
+"""Watts: the simulated board's default power limit (an H100 SXM's)."""
+
+
+@dataclass(frozen=True)
+class GpuProfile:
+    """What the simulated GPUs beneath an engine do, and the engine behaviours that put the bottleneck
+    where the profile says (in the GPU, in front of it, or in its clocks)."""
+
+    name: str
+    description: str
+    load: Profile | None = None
+    """the built-in load that shows the profile, used unless ``--profile`` is given (``None``: steady)."""
+    power_limit: float = BOARD_POWER_LIMIT
+    """watts the board may draw: above it the clocks drop, and every step's GPU work takes longer."""
+    host_step: float = 0.0
+    """seconds of host work per engine step, the GPU idle (``EngineParams.host_step``)."""
+    input_rate: float = 0.0
+    """prompt tokens/s of the host's input stage (``EngineParams.input_rate``); 0: instant."""
+    xid: int = 0
+    """an XID error the last GPU reports ``xid_after`` seconds after start; 0: none."""
+    xid_after: float = 30.0
+
+
+CLIENT_BOUND_LOAD = Profile(
+    "client-bound",
+    "24 clients, one request each in flight: 600-token prompts, 120-token outputs",
+    8.0,
+    600,
+    0.3,
+    120,
+    0.5,
+    concurrency=24,
+)
+
+GPU_PROFILES: dict[str, GpuProfile] = {
+    g.name: g
+    for g in (
+        GpuProfile("normal", "a healthy GPU at boost clock; activity follows the load"),
+        GpuProfile(
+            "saturated",
+            "the GPU is the bottleneck: activity ~0.97, KV full (kv-pressure)",
+            load=PROFILES["kv-pressure"],
+        ),
+        GpuProfile(
+            "client_bound",
+            "the host is the bottleneck: requests wait, the GPU mostly idle",
+            load=CLIENT_BOUND_LOAD,
+            host_step=0.02,
+            input_rate=1000.0,
+        ),
+        GpuProfile(
+            "throttled",
+            "300 W power cap: the SM clock drops, every token takes longer",
+            power_limit=300.0,
+        ),
+        GpuProfile(
+            "xid",
+            "healthy until the last GPU reports XID 79 after 30 s",
+            xid=79,
+        ),
+    )
+}
+
+
+def get_gpu_profile(name: str) -> GpuProfile:
+    try:
+        return GPU_PROFILES[name]
+    except KeyError:
+        raise KeyError(f"unknown GPU profile {name!r}; known: {', '.join(GPU_PROFILES)}") from None

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from inferwatch.simulator.clock import Clock
-from inferwatch.simulator.profiles import Profile
+from inferwatch.simulator.profiles import GpuProfile, Profile
 from inferwatch.simulator.scheduler import EngineParams, Sequence, ServingModel, StepReport
 
 
@@ -65,7 +65,11 @@ class EngineLoop:
             report = self.model.plan(max(engine_t, self.clock.now()))
             if report is None:
                 self._wake.clear()
-                await self._wake.wait()
+                ready = self.model.next_ready()
+                if ready is None:
+                    await self._wake.wait()
+                else:
+                    await self._wait_until(ready)
                 engine_t = self.clock.now()
                 continue
             await self.clock.wait_step_end(report.end)
@@ -73,6 +77,18 @@ class EngineLoop:
             done = self.model.complete()
             for obs in self.observers:
                 obs.on_step(done)
+
+    async def _wait_until(self, t: float) -> None:
+        """Until the clock reaches ``t`` (the queue's head leaves the host's input stage) or a submit."""
+        assert self._wake is not None
+        timer = asyncio.ensure_future(self.clock.sleep_until(t))
+        woken = asyncio.ensure_future(self._wake.wait())
+        try:
+            await asyncio.wait((timer, woken), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (timer, woken):
+                task.cancel()
+            await asyncio.gather(timer, woken, return_exceptions=True)
 
 
 def lognormal_int(rng: random.Random, mean: float, sigma: float, low: int, high: int) -> int:
@@ -93,6 +109,9 @@ class LoadGenerator:
     rng: random.Random = field(default_factory=lambda: random.Random(0))
     _task: asyncio.Task[None] | None = None
     sent: int = 0
+    in_flight: int = 0
+    """requests sent and not finished (what the profile's client concurrency cap counts)."""
+    _slot: asyncio.Event = field(default_factory=asyncio.Event)
 
     def draw(self) -> tuple[int, int, int, str | None, int]:
         p = self.profile
@@ -117,8 +136,21 @@ class LoadGenerator:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
 
+    def started(self) -> None:
+        """The engine took one of its requests (one it refused takes no client slot)."""
+        self.in_flight += 1
+
+    def finished(self) -> None:
+        """One of its requests finished: a client slot is free again."""
+        self.in_flight = max(0, self.in_flight - 1)
+        self._slot.set()
+
     async def _run(self) -> None:
-        """Arrivals until the profile's rate drops to 0 (``SimulatedEngine.set_profile`` starts it again)."""
+        """Arrivals until the profile's rate drops to 0 (``SimulatedEngine.set_profile`` starts it again).
+
+        With a client concurrency cap (``Profile.concurrency``) an arrival waits for a free slot, as a
+        benchmark client with at most that many requests in flight does; the next arrival counts from then.
+        """
         next_at = self.clock.now()
         while True:
             rps = self.profile.rps
@@ -126,6 +158,11 @@ class LoadGenerator:
                 return
             next_at += self.rng.expovariate(rps)
             await self.clock.sleep_until(next_at)
+            if self.profile.concurrency > 0 and self.in_flight >= self.profile.concurrency:
+                while self.profile.concurrency > 0 and self.in_flight >= self.profile.concurrency:
+                    self._slot.clear()
+                    await self._slot.wait()
+                next_at = max(next_at, self.clock.now())
             self.submit(*self.draw())
             self.sent += 1
 
@@ -134,3 +171,9 @@ def apply_profile(params: EngineParams, profile: Profile) -> None:
     """Engine behaviours a profile sets (decode speed, failure share); capacity stays as configured."""
     params.decode_slowdown = profile.decode_slowdown
     params.error_rate = profile.error_rate
+
+
+def apply_gpu_profile(params: EngineParams, profile: GpuProfile) -> None:
+    """Engine behaviours a GPU profile sets (the host's share of a step, its input stage)."""
+    params.host_step = profile.host_step
+    params.input_rate = profile.input_rate

@@ -5,7 +5,9 @@ scheduler: each engine step takes a token budget, continues running sequences fi
 next chunk of a chunked prefill), preempts the newest running sequence when a sequence needs a KV
 block and none is free (the victim loses its KV and is recomputed later), then admits waiting
 requests while sequence slots, budget and blocks allow. A step's duration grows with the prefill
-tokens and the number of decoding sequences in it. Prefix caching: prompts that share a prefix key
+tokens and the number of decoding sequences in it; the host's share of it (``host_step``) leaves the
+GPU idle, and the GPU's share grows when the simulated GPU lowers its clock. A request may first wait
+for the host's input stage (``input_rate``). Prefix caching: prompts that share a prefix key
 reuse the prefix's full blocks, which are then not recomputed.
 
 Nothing here sleeps or does I/O: :class:`simulator.runtime.EngineLoop` drives it in (scaled) real
@@ -51,6 +53,12 @@ class EngineParams:
     error_rate: float = 0.0
     """share of admitted requests that fail in the engine."""
     prefix_cache_entries: int = 256
+    host_step: float = 0.0
+    """seconds of host (CPU) work in every step during which the GPU waits: scheduling, sampling and
+    detokenising on a starved CPU (the GPU profile ``client_bound``)."""
+    input_rate: float = 0.0
+    """prompt tokens/s of the host's input stage (tokenising, templating), one request after another,
+    that a request passes before it can be admitted; 0: instant. Requests wait for it in the queue."""
 
 
 @dataclass(eq=False)
@@ -67,6 +75,8 @@ class Sequence:
     prefix_key: str | None = None
     prefix_tokens: int = 0
     seq_index: int = 0
+    ready_at: float = 0.0
+    """when the host's input stage is done with it (``EngineParams.input_rate``): not admitted before."""
     # scheduling state
     computed: int = 0
     """tokens whose KV is computed (prompt, then prompt + generated)."""
@@ -144,6 +154,14 @@ class StepReport:
     used_blocks: int = 0
     prefix_queries: int = 0
     prefix_hits: int = 0
+    gpu_weights: float = 0.0
+    """seconds of the step the GPU spends on its fixed cost (reading the weights): memory-bound."""
+    gpu_prefill: float = 0.0
+    """seconds on prefill tokens: matrix work, tensor-core bound."""
+    gpu_decode: float = 0.0
+    """seconds on the decoding sequences' attention (reading their KV): memory-bound."""
+    host: float = 0.0
+    """seconds of host work in the step, the GPU idle (the rest of the duration is the GPU's)."""
 
     @property
     def duration(self) -> float:
@@ -163,6 +181,10 @@ class ServingModel:
         self.step_count = 0
         self.preemptions_total = 0
         self._pending: tuple[StepReport, dict[int, int]] | None = None
+        self._input_free = 0.0
+        self.gpu_time_scale: Callable[[float], float] | None = None
+        """how much longer the GPU's work takes at a step starting at a given time than at full clocks
+        (the simulated GPU lowers its clock at its power cap); ``None``: always 1."""
 
     # -- capacity ---------------------------------------------------------------------------
     @property
@@ -185,6 +207,9 @@ class ServingModel:
         """Queue a sequence (arrival time already set)."""
         if seq.prompt_tokens + 1 > self.params.max_model_len:
             raise ValueError(f"prompt of {seq.prompt_tokens} tokens exceeds max_model_len {self.params.max_model_len}")
+        if self.params.input_rate > 0:
+            start = max(seq.arrival, self._input_free)
+            seq.ready_at = self._input_free = start + seq.prompt_tokens / self.params.input_rate
         self.waiting.append(seq)
 
     def abort(self, seq: Sequence, now: float) -> None:
@@ -204,6 +229,15 @@ class ServingModel:
     @property
     def idle(self) -> bool:
         return not self.running and not self.waiting
+
+    def next_ready(self) -> float | None:
+        """When the head of the queue leaves the host's input stage (``None``: the queue is empty)."""
+        return self.waiting[0].ready_at if self.waiting else None
+
+    @property
+    def pending_start(self) -> float | None:
+        """The start of the step planned and not yet completed (``None`` between steps)."""
+        return self._pending[0].start if self._pending is not None else None
 
     # -- one step ---------------------------------------------------------------------------
     def _preempt(self, victim: Sequence, report: StepReport) -> None:
@@ -233,8 +267,8 @@ class ServingModel:
         """Schedule the next step starting at ``now``; ``None`` when there is nothing to do."""
         if self._pending is not None:
             raise RuntimeError("complete() the previous step first")
-        if self.idle:
-            return None
+        if self.idle or (not self.running and self.waiting[0].ready_at > now):
+            return None  # nothing to run, or only requests still in the host's input stage
         p = self.params
         report = StepReport(start=now, end=now)
         budget = p.max_num_batched_tokens
@@ -254,6 +288,8 @@ class ServingModel:
         # 2. admit waiting sequences
         while self.waiting and budget > 0 and len(self.running) < p.max_num_seqs:
             seq = self.waiting[0]
+            if seq.ready_at > now:
+                break  # still in the host's input stage (FIFO: the ones behind it too)
             cached = 0
             if seq.computed == 0 and seq.preemptions == 0:
                 cached = self._prefix_lookup(seq, report)
@@ -290,12 +326,12 @@ class ServingModel:
                 report.context_seqs += 1
             else:
                 report.decode_seqs += 1
-        duration = (
-            p.step_base * p.decode_slowdown
-            + p.step_per_prefill_token * report.prefill_tokens
-            + p.step_per_decode_seq * report.decode_seqs
-        )
-        report.end = now + duration
+        scale = self.gpu_time_scale(now) if self.gpu_time_scale is not None else 1.0
+        report.gpu_weights = p.step_base * p.decode_slowdown * scale
+        report.gpu_prefill = p.step_per_prefill_token * report.prefill_tokens * scale
+        report.gpu_decode = p.step_per_decode_seq * report.decode_seqs * scale
+        report.host = p.host_step
+        report.end = now + (report.gpu_weights + report.gpu_prefill + report.gpu_decode + report.host)
         report.scheduled = scheduled
         self._pending = (report, chunks)
         return report

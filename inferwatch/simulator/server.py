@@ -11,12 +11,14 @@ from typing import Any
 
 import uvicorn
 from fastapi import FastAPI, HTTPException
+from fastapi.responses import PlainTextResponse
 from opentelemetry.sdk.trace.export import SpanExporter
 from pydantic import BaseModel
 
+from inferwatch.simulator import dcgm
 from inferwatch.simulator.base import SimSettings, SimulatedEngine
 from inferwatch.simulator.clock import Clock
-from inferwatch.simulator.profiles import PROFILES
+from inferwatch.simulator.profiles import GPU_PROFILES, PROFILES
 from inferwatch.simulator.scheduler import EngineParams
 
 Factory = Callable[[SimulatedEngine], tuple[FastAPI, Any]]
@@ -45,8 +47,14 @@ class ProfileChange(BaseModel):
     rps: float | None = None
 
 
+class GpuProfileChange(BaseModel):
+    profile: str
+
+
 def create_app(settings: SimSettings, span_exporter: SpanExporter | None = None, clock: Clock | None = None) -> FastAPI:
-    """The simulated engine's app: its own API plus ``/simulator/profile`` to switch profiles live.
+    """The simulated engine's app: its own API, ``/simulator/profile`` and ``/simulator/gpu`` to switch
+    profiles live, and its GPUs' page in dcgm-exporter's dialect at ``/dcgm/metrics`` (a real
+    dcgm-exporter is a process of its own, on ``:9400/metrics``).
 
     ``clock``: scaled wall time by default (``settings.speed``); tests pass a virtual clock.
     """
@@ -69,6 +77,28 @@ def create_app(settings: SimSettings, span_exporter: SpanExporter | None = None,
             raise HTTPException(status_code=400, detail=str(exc.args[0])) from None
         return {"profile": p.name, "description": p.description, "rps": p.rps}
 
+    @app.get("/simulator/gpu")
+    async def get_gpu_profile() -> dict[str, Any]:
+        g = engine.gpu_profile
+        return {
+            "profile": g.name,
+            "description": g.description,
+            "uuids": [gpu.uuid for gpu in engine.gpus.gpus],
+            "profiles": sorted(GPU_PROFILES),
+        }
+
+    @app.post("/simulator/gpu")
+    async def set_gpu_profile(change: GpuProfileChange) -> dict[str, Any]:
+        try:
+            g = engine.set_gpu_profile(change.profile)
+        except KeyError as exc:
+            raise HTTPException(status_code=400, detail=str(exc.args[0])) from None
+        return {"profile": g.name, "description": g.description, "load": engine.profile.name}
+
+    @app.get(dcgm.PATH)
+    async def dcgm_metrics() -> PlainTextResponse:
+        return PlainTextResponse(dcgm.render(engine.gpus, engine.clock.now()), media_type=dcgm.CONTENT_TYPE)
+
     @app.get("/simulator/state")
     async def state() -> dict[str, Any]:
         m = engine.model
@@ -76,6 +106,8 @@ def create_app(settings: SimSettings, span_exporter: SpanExporter | None = None,
             "engine": settings.engine,
             "model": settings.model,
             "profile": engine.profile.name,
+            "gpu_profile": engine.gpu_profile.name,
+            "gpu_uuids": [gpu.uuid for gpu in engine.gpus.gpus],
             "running": len(m.running),
             "waiting": len(m.waiting),
             "kv_usage": m.kv_usage,

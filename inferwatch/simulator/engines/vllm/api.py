@@ -45,7 +45,7 @@ class VllmSim:
                 start = time.perf_counter()
                 response = await call_next(request)
                 path = request.url.path
-                if path not in HTTP_EXCLUDED and not path.startswith("/simulator"):
+                if path not in HTTP_EXCLUDED and not path.startswith(("/simulator", "/dcgm")):
                     route = request.scope.get("route")
                     handler = getattr(route, "path", path)
                     sim.metrics.record_http(

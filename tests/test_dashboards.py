@@ -124,9 +124,9 @@ def test_without_slo_file_the_slo_dashboard_is_left_out(files: dict[str, str]) -
     assert all(uid != slos.UID for uid, _, _ in all_queries(None, V.Vocabulary()))
 
 
-def test_five_dashboards_with_stable_uids(boards: dict[str, dict[str, Any]]) -> None:
+def test_six_dashboards_with_stable_uids(boards: dict[str, dict[str, Any]]) -> None:
     uids = {b["uid"] for b in boards.values()}
-    assert uids == set(UIDS) and len(UIDS) == 5
+    assert uids == set(UIDS) and len(UIDS) == 6
     for path, board in boards.items():
         assert path == f"{board['uid']}.json"
         assert board["title"]

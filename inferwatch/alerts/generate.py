@@ -11,6 +11,8 @@ from __future__ import annotations
 from decimal import Decimal
 from typing import Any
 
+from inferwatch.alerts import gpu_alerts
+from inferwatch.alerts.cost_rules import cost_groups
 from inferwatch.alerts.headroom_rules import headroom_groups
 from inferwatch.core import knowledge
 from inferwatch.core import vocabulary as V
@@ -243,6 +245,7 @@ def saturation_alerts(settings: SLOFile) -> list[dict[str, Any]]:
         V.ALERT_EXPORTER_TARGET_DOWN: V.SEVERITY_PAGE,
         V.ALERT_ENGINE_METRICS_ABSENT: V.SEVERITY_TICKET,
         V.ALERT_HEADROOM_LOW: V.SEVERITY_TICKET,
+        **gpu_alerts.SEVERITIES,
         **a.severities,
     }
     kv = V.KV_CACHE_USAGE.name
@@ -343,6 +346,7 @@ def saturation_alerts(settings: SLOFile) -> list[dict[str, Any]]:
             f"growing. Check {V.REPLICAS_NEEDED_RECORD} for the model and add replicas, or shed load at the "
             "router; `inferwatch headroom` shows each limit and its evidence.",
         ),
+        *gpu_alerts.gpu_alerts(settings, rule),
     ]
 
 
@@ -355,6 +359,7 @@ def rules_document(spec: SLOFile, vocabulary: V.Vocabulary) -> dict[str, Any]:
         groups.append({"name": f"{prefix}-period", "interval": slow, "rules": period_rules(slo, spec)})
         groups.append({"name": f"{prefix}-alerts", "rules": burn_alerts(slo, spec)})
     groups += headroom_groups(spec)
+    groups += cost_groups(spec)
     groups.append({"name": "inferwatch-llm-saturation", "rules": saturation_alerts(spec)})
     return {"groups": groups}
 
@@ -465,6 +470,7 @@ RUNBOOK: dict[str, tuple[str, str, str]] = {
         "helps (raise GPU memory utilization, quantize the KV cache). If the headroom moved without a load "
         "change, prompts grew longer or prefix-cache hits fell: the model scales the current mix.",
     ),
+    **gpu_alerts.RUNBOOK,
 }
 
 

@@ -15,6 +15,7 @@ UID_SLOS: Final = "inferwatch-slos"
 UID_ENGINE: Final = "inferwatch-engine"
 UID_KV_CACHE: Final = "inferwatch-kv-cache"
 UID_REQUESTS: Final = "inferwatch-requests"
+UID_COST: Final = "inferwatch-cost"
 
 DASHBOARD_TITLES: Final[dict[str, str]] = {
     UID_FLEET: "LLM Fleet Overview",
@@ -22,6 +23,7 @@ DASHBOARD_TITLES: Final[dict[str, str]] = {
     UID_ENGINE: "LLM Engine Detail",
     UID_KV_CACHE: "LLM KV Cache & Scheduling",
     UID_REQUESTS: "LLM Requests",
+    UID_COST: "LLM Cost & GPU",
 }
 
 VAR_DATASOURCE: Final = "datasource"

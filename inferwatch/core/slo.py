@@ -15,6 +15,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from inferwatch.core import vocabulary as V
+from inferwatch.core.pricing import CostSettings
 from inferwatch.core.yamlfile import YAMLSyntaxError, load_located
 
 _NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,62}[a-z0-9])?$")
@@ -171,6 +172,10 @@ class AlertSettings(BaseModel):
     queue_growth_for: str = "5m"
     target_down_for: str = "2m"
     metrics_absent_for: str = "10m"
+    gpu_throttled_for: str = "5m"
+    gpu_throttle_min_ratio: float = Field(0.1, gt=0, le=1)
+    """a GPU whose clocks were held down more than this share of the last 5 minutes is throttled."""
+    gpu_errors_for: str = "1m"
     severities: dict[str, Literal["page", "ticket"]] = Field(default_factory=dict)
     runbook_base_url: str = "alerts/runbooks.md"
     webhook_url: str = "http://127.0.0.1:4318/api/v1/alerts/webhook"
@@ -196,6 +201,8 @@ class AlertSettings(BaseModel):
         "queue_growth_for",
         "target_down_for",
         "metrics_absent_for",
+        "gpu_throttled_for",
+        "gpu_errors_for",
         "period_rules_interval",
         "group_wait",
         "group_interval",
@@ -283,6 +290,8 @@ class SLOFile(BaseModel):
     slos: list[SLO] = Field(min_length=1)
     alerts: AlertSettings = Field(default_factory=AlertSettings)
     headroom: HeadroomRules = Field(default_factory=HeadroomRules)
+    cost: CostSettings | None = None
+    """GPU prices (docs/cost.md); without them no cost rule is generated."""
 
     @field_validator("service")
     @classmethod

@@ -15,6 +15,8 @@ __all__ = [
     "ALERTS",
     "ALERT_ENGINE_METRICS_ABSENT",
     "ALERT_EXPORTER_TARGET_DOWN",
+    "ALERT_GPU_ERRORS",
+    "ALERT_GPU_THROTTLED",
     "ALERT_HEADROOM_LOW",
     "ALERT_KV_EXHAUSTION_PREDICTED",
     "ALERT_KV_SATURATED",
@@ -45,9 +47,11 @@ __all__ = [
     "GPU_CLOCK_HW_THERMAL",
     "GPU_CLOCK_POWER_CAP",
     "GPU_CLOCK_SW_THERMAL",
+    "GPU_COUNT_RECORD",
     "GPU_THROTTLE_CAUSES",
     "GPU_THROTTLE_POWER",
     "GPU_THROTTLE_THERMAL",
+    "GPU_XID_CRITICAL",
     "HEADROOM_KV_LIMIT",
     "HEADROOM_LIMIT_CONCURRENCY_RECORD",
     "HEADROOM_LIMIT_RATE_RECORD",
@@ -426,6 +430,10 @@ ALERT_EXPORTER_TARGET_DOWN: Final = "LLMExporterTargetDown"
 ALERT_ENGINE_METRICS_ABSENT: Final = "LLMEngineMetricsAbsent"
 ALERT_HEADROOM_LOW: Final = "LLMHeadroomLow"
 """A replica's headroom is low: warns before the burn-rate alerts fire."""
+ALERT_GPU_THROTTLED: Final = "LLMGPUThrottled"
+"""A GPU of a replica has its clocks held down by power or temperature (issue 34)."""
+ALERT_GPU_ERRORS: Final = "LLMGPUErrors"
+"""A GPU of a replica reported an XID error of :data:`GPU_XID_CRITICAL` (issue 34)."""
 SATURATION_ALERTS: Final[tuple[str, ...]] = (
     ALERT_KV_SATURATED,
     ALERT_KV_EXHAUSTION_PREDICTED,
@@ -434,6 +442,8 @@ SATURATION_ALERTS: Final[tuple[str, ...]] = (
     ALERT_EXPORTER_TARGET_DOWN,
     ALERT_ENGINE_METRICS_ABSENT,
     ALERT_HEADROOM_LOW,
+    ALERT_GPU_THROTTLED,
+    ALERT_GPU_ERRORS,
 )
 """The saturation and health alerts (everything but the SLO burn-rate alert)."""
 ALERTS: Final[tuple[str, ...]] = (ALERT_SLO_BURN, *SATURATION_ALERTS)
@@ -470,3 +480,22 @@ COST_GOODPUT_PER_MILLION_RECORD: Final = "llm:goodput_cost_usd_per_million_gener
 """Per model: the same cost divided by the generated tokens of requests that met every latency SLO."""
 COST_IDLE_HOURLY_RECORD: Final = "llm:idle_gpu_cost_usd_per_hour"
 """Per model: the hourly cost of its replicas' GPUs while they ran no request."""
+
+
+# --- task H2 (issue 34): GPU aggregation records and the critical XID codes --------------------------
+GPU_COUNT_RECORD: Final = "llm:gpu_count"
+"""Per replica (engine, model, instance; pool and gpu_model when known): how many GPUs it runs on, the
+number the hourly cost multiplies."""
+GPU_XID_CRITICAL: Final[dict[str, str]] = {
+    "48": "double-bit ECC error: the memory is corrupt; the GPU needs a reset",
+    "63": "ECC page retirement or row remapping recorded: reset the GPU when it is drained to apply it",
+    "64": "ECC page retirement or row remapping failed: the GPU needs a reset, then replacement if it recurs",
+    "74": "NVLink error: the link between GPUs failed; multi-GPU replicas stall",
+    "79": "the GPU has fallen off the bus: the replica on it is gone; the node needs attention",
+    "92": "high single-bit ECC error rate: the memory is degrading; plan a replacement",
+    "94": "contained ECC error: the application using the memory was stopped; the GPU can go on",
+    "95": "uncontained ECC error: every application on the GPU is affected; the GPU needs a reset",
+}
+"""The XID codes (``llm_gpu_xid_last{xid}``) that mean the GPU needs attention, with what each means (NVIDIA's
+XID catalogue): ``LLMGPUErrors`` fires for these only. Others (a program's own fault, such as 13 or 43,
+or 31 for a memory page fault) point at the software, not the board."""

@@ -8,11 +8,11 @@ from inferwatch.core import vocabulary as V
 from inferwatch.core.engines import builtin_profiles
 from inferwatch.core.engines.profile import EngineProfile
 from inferwatch.core.slo import HeadroomRules, SLOFile
-from inferwatch.dashboards.boards import engine, fleet, kv_cache, requests, slos
+from inferwatch.dashboards.boards import cost, engine, fleet, kv_cache, requests, slos
 from inferwatch.dashboards.gaps import annotate
 from inferwatch.dashboards.panels import DashboardSpec, Query
 
-UIDS = (fleet.UID, slos.UID, engine.UID, kv_cache.UID, requests.UID)
+UIDS = (fleet.UID, slos.UID, engine.UID, kv_cache.UID, requests.UID, cost.UID)
 """every dashboard's uid, in order (the SLO dashboard only with an SLO file)."""
 
 
@@ -28,7 +28,7 @@ def dashboards(
     out = [fleet.board(spec.headroom if spec is not None else HeadroomRules())]
     if spec is not None:
         out.append(slos.board(spec))
-    out += [engine.board(), kv_cache.board(), requests.board()]
+    out += [engine.board(), kv_cache.board(), requests.board(), cost.board(spec)]
     known = builtin_profiles() if profiles is None else profiles
     return [annotate(board, known) for board in out]
 

@@ -63,7 +63,11 @@ def statuses(fleet: Fleet, key: TargetKey = VLLM) -> dict[Symptom, Status]:
 def test_healthy_target_has_no_findings() -> None:
     result = diagnose(fleet_of((VLLM, HEALTHY)), PROFILES)
     assert result.findings == []
-    assert set(result.targets[0].status.values()) == {Status.OK}
+    gpu = {Symptom.GPU_THROTTLED, Symptom.GPU_ERRORS}  # no GPU series: unknown, saying how to add them
+    status = result.targets[0].status
+    assert {v for s, v in status.items() if s not in gpu} == {Status.OK}
+    assert {status[s] for s in gpu} == {Status.UNKNOWN}
+    assert all("gpus:" in result.targets[0].reasons[s] for s in gpu)
 
 
 @pytest.mark.parametrize(

@@ -9,6 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from inferwatch.cli import app
+from inferwatch.core.checklist import CHECKLIST
 from tests.conftest import free_port
 
 runner = CliRunner(env={"COLUMNS": "80"})
@@ -103,7 +104,7 @@ def test_checklist_from_a_launch_line_alone() -> None:
     assert "FAIL  Is the tensor-parallel split sensible?" in out
     assert max(len(line) for line in out.splitlines()) <= 80
     as_json = json.loads(runner.invoke(app, ["checklist", "--launch", line, "--json"]).stdout)
-    assert as_json["source"] == "launch" and len(as_json["targets"][0]["items"]) == 8
+    assert as_json["source"] == "launch" and len(as_json["targets"][0]["items"]) == len(CHECKLIST)
 
 
 def test_help_explains_each_command() -> None:

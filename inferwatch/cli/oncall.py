@@ -25,7 +25,7 @@ from inferwatch.core import resources
 if TYPE_CHECKING:
     from inferwatch.collector.diagnosis.burn import SloReport
     from inferwatch.collector.diagnosis.diagnoser import OnCall
-    from inferwatch.collector.diagnosis.report import Capacity, Checklist, Diagnosis
+    from inferwatch.collector.diagnosis.report import Capacity, Checklist, Diagnosis, TargetStatus
 
 T = TypeVar("T")
 WIDTH_MAX = 100
@@ -130,6 +130,7 @@ def _plural(n: int, word: str) -> str:
 
 
 SEVERITY_STYLE = {"critical": "bold red", "warning": "bold yellow", "ok": "green", "unknown": "dim"}
+GPU_COLUMN = "gpu"
 SHORT = {
     "latency_p99_high": "latency",
     "throughput_low": "thruput",
@@ -138,7 +139,11 @@ SHORT = {
     "tpot_slow": "tpot",
     "error_rate_high": "errors",
     "streams_aborted": "aborts",
+    "gpu_throttled": GPU_COLUMN,
+    "gpu_errors": GPU_COLUMN,
 }
+"""each symptom's column in the target table; the GPU findings share one (the worse of the two)."""
+NAME_MIN = 16
 STATUS_SHORT = {"critical": "CRIT", "warning": "warn", "ok": "ok", "unknown": "?"}
 
 
@@ -152,6 +157,8 @@ def _fmt_value(value: float, unit: str) -> str:
 
 
 def render_diagnosis(result: Diagnosis, out: Console) -> None:
+    from inferwatch.core.causes import GPU_READINGS
+
     source = (
         f"{result.source}, window {result.window}, {len(result.targets)} targets, {result.upstream_queries} queries"
     )
@@ -173,7 +180,9 @@ def render_diagnosis(result: Diagnosis, out: Console) -> None:
         for i, ev in enumerate(finding.evidence):
             label = "Evidence: " if i == 0 else "          "
             condition = f" ({ev.threshold})" if ev.threshold else ""
-            wrap(out, f"{ev.signal} = {_fmt_value(ev.value, ev.unit)}{condition}", 2, label)
+            # a signal by its name; one GPU's reading (which GPU, which reason or XID) by its words
+            what = ev.description if ev.signal in GPU_READINGS else ev.signal
+            wrap(out, f"{what} = {_fmt_value(ev.value, ev.unit)}{condition}", 2, label)
             wrap(out, ev.query, 14, style="dim")
         for i, remedy in enumerate(finding.remedies):
             wrap(out, remedy, 2, "Remedy:   " if i == 0 else "          ", style="cyan" if i == 0 else "")
@@ -201,30 +210,43 @@ def _phases(req: object) -> str:
 
 
 def _target_table(result: Diagnosis, out: Console) -> None:
-    symptoms = list(SHORT)
+    from inferwatch.core.symptoms import SEVERITY_ORDER, Status, Symptom
+
+    def status_of(target: TargetStatus, column: str) -> str:
+        shown = [target.status.get(Symptom(s), Status.UNKNOWN) for s, c in SHORT.items() if c == column]
+        return min(shown, key=lambda v: SEVERITY_ORDER[v]).value
+
+    columns = list(dict.fromkeys(SHORT.values()))
+    if all(status_of(t, GPU_COLUMN) == Status.UNKNOWN for t in result.targets):
+        columns.remove(GPU_COLUMN)  # no target has GPU series: the reason below says how to add them
     width = _width(out)
-    name_width = max(20, width - 8 * len(symptoms) - 1)
-    header = "target".ljust(name_width) + "".join(SHORT[s].rjust(8) for s in symptoms)
+    name_width = max(NAME_MIN, width - 8 * len(columns) - 1)
+    header = "target".ljust(name_width) + "".join(c.rjust(8) for c in columns)
     out.print(Text(header, style="bold"))
     for target in result.targets:
         name = f"{target.engine} {target.model} @{target.instance}"
         if len(name) > name_width - 1:
             name = name[: name_width - 2] + "…"
         line = Text(name.ljust(name_width))
-        for s in symptoms:
-            status = target.status[s].value  # type: ignore[index]
+        for column in columns:
+            status = status_of(target, column)
             line.append(STATUS_SHORT[status].rjust(8), style=SEVERITY_STYLE[status])
         out.print(line)
-    unknown = [(t, s, why) for t in result.targets for s, why in t.reasons.items()]
+    unknown: dict[tuple[str, str], list[str]] = {}  # (column, why) -> engines
+    for target in result.targets:
+        for symptom, why in target.reasons.items():
+            engines = unknown.setdefault((SHORT[symptom.value], why), [])
+            if target.engine not in engines:
+                engines.append(target.engine)
     if unknown:
         out.print()
         out.print(Text("? = unknown: the engine does not expose the signal, or there was no data", style="dim"))
-        seen: set[tuple[str, str]] = set()
-        for target, symptom, why in unknown:
-            if (target.engine, why) in seen:
-                continue
-            seen.add((target.engine, why))
-            wrap(out, f"{target.engine} {SHORT[symptom.value]}: {why}", 2, style="dim")
+        for (column, why), engines in unknown.items():
+            if column == GPU_COLUMN:  # a deployment's, not an engine's: once for every engine
+                wrap(out, f"{', '.join(engines)} {column}: {why}", 2, style="dim")
+            else:
+                for engine in engines:
+                    wrap(out, f"{engine} {column}: {why}", 2, style="dim")
 
 
 Fail = Literal["never", "warning", "critical"]
@@ -307,7 +329,7 @@ def checklist(
     timeout: TimeoutOpt = 5.0,
     json_out: JsonOpt = False,
 ) -> None:
-    """The eight-item tuning checklist: pass, fail or unknown per target, with evidence and the remedy.
+    """The tuning checklist: pass, fail or unknown per target, with evidence and the remedy.
 
     From what the engines expose (--prometheus or --exporter) and from the launch line (--launch),
     or from the launch line alone.

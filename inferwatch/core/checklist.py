@@ -1,4 +1,4 @@
-"""The tuning checklist: eight questions to ask of every engine deployment, as data.
+"""The tuning checklist: the questions to ask of every engine deployment, as data.
 
 The diagnosis answers each per target (``pass``/``fail``/``unknown``) from what the engine exposes
 and, when given, its launch line; the runbooks print the questions. Ids are stable API values.
@@ -23,6 +23,7 @@ class Check(StrEnum):
     SPECULATIVE_DECODING = "speculative_decoding"
     TENSOR_PARALLEL = "tensor_parallel"
     QUANTIZATION_METHOD = "quantization_method"
+    GPU_HEALTHY = "gpu_healthy"
 
 
 class Verdict(StrEnum):
@@ -88,5 +89,13 @@ CHECKLIST: Final[tuple[CheckSpec, ...]] = (
         Check.QUANTIZATION_METHOD,
         "Is the quantization method right for the hardware?",
         Remedy(QUANTIZATION_ADVICE, (Knob.QUANTIZATION,)),
+    ),
+    CheckSpec(
+        Check.GPU_HEALTHY,
+        "Do the GPUs hold their clocks, without XID errors?",
+        Remedy(
+            "fix the cooling or the power cap of a throttled GPU; drain a GPU with a critical XID and reset or "
+            "replace it (the gpu_throttled and gpu_errors runbooks)"
+        ),
     ),
 )

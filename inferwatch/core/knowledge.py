@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Final
 
+from inferwatch.core.causes import CAUSES, remedies
 from inferwatch.core.checklist import CHECKLIST
 from inferwatch.core.symptoms import CATALOGUE
 
@@ -22,5 +23,13 @@ def symptom_table() -> tuple[tuple[str, str, str], ...]:
 
 
 def tuning_checklist() -> tuple[str, ...]:
-    """The eight checklist questions."""
+    """The checklist questions."""
     return tuple(check.question for check in CHECKLIST)
+
+
+def cause_table() -> tuple[tuple[str, str, str, str, str], ...]:
+    """(symptom id, likely cause id, what the GPU shows, cause, remedies) rows: the causes the GPU tells
+    apart (:mod:`inferwatch.core.causes`), in the order the diagnosis tries them."""
+    return tuple(
+        (c.symptom.value, c.id.value, c.condition, c.cause, "; ".join(r.text for r in remedies(c))) for c in CAUSES
+    )

@@ -33,6 +33,8 @@ class Symptom(StrEnum):
     TPOT_SLOW = "tpot_slow"
     ERROR_RATE_HIGH = "error_rate_high"
     STREAMS_ABORTED = "streams_aborted"
+    GPU_THROTTLED = "gpu_throttled"
+    GPU_ERRORS = "gpu_errors"
     CAPACITY_EXHAUSTED = "capacity_exhausted"
     """not in the catalogue: judged from the headroom model (docs/headroom.md), not from one signal."""
 
@@ -72,6 +74,19 @@ class Signal(StrEnum):
     TPOT_P99 = "tpot_p99"
     GENERATION_RATE = "generation_rate"
     MAX_CONCURRENCY = "max_concurrency"
+    # the GPUs beneath the replica (``llm_gpu_*``; absent without a ``gpus:`` section, docs/gpu.md)
+    GPU_COUNT = "gpu_count"
+    GPU_ENGINE_ACTIVE = "gpu_engine_active"
+    GPU_UTILIZATION = "gpu_utilization"
+    GPU_SM_ACTIVE = "gpu_sm_active"
+    GPU_TENSOR_ACTIVE = "gpu_tensor_active"
+    GPU_DRAM_ACTIVE = "gpu_dram_active"
+    GPU_POWER_SHARE = "gpu_power_share"
+    GPU_SM_CLOCK = "gpu_sm_clock"
+    GPU_TEMPERATURE = "gpu_temperature"
+    GPU_THROTTLED_SHARE = "gpu_throttled_share"
+    GPU_XID_CRITICAL = "gpu_xid_critical"
+    GPU_XID_OTHER = "gpu_xid_other"
 
 
 @dataclass(frozen=True)
@@ -131,8 +146,63 @@ SIGNALS: Final[Mapping[Signal, SignalSpec]] = {
             "requests",
             (V.ENGINE_INFO,),
         ),
+        SignalSpec(Signal.GPU_COUNT, "GPUs of the replica", "GPUs", (V.GPU_UTILIZATION, V.GPU_POWER)),
+        SignalSpec(
+            Signal.GPU_ENGINE_ACTIVE,
+            "GPU engine activity (mean over the window and the replica's GPUs)",
+            "ratio",
+            (V.GPU_ENGINE_ACTIVE,),
+        ),
+        SignalSpec(
+            Signal.GPU_UTILIZATION,
+            "GPU utilisation: time a kernel ran (mean over the window and the replica's GPUs)",
+            "ratio",
+            (V.GPU_UTILIZATION,),
+        ),
+        SignalSpec(Signal.GPU_SM_ACTIVE, "SM activity (mean over the replica's GPUs)", "ratio", (V.GPU_SM_ACTIVE,)),
+        SignalSpec(
+            Signal.GPU_TENSOR_ACTIVE,
+            "tensor-core activity (mean over the replica's GPUs)",
+            "ratio",
+            (V.GPU_TENSOR_ACTIVE,),
+        ),
+        SignalSpec(
+            Signal.GPU_DRAM_ACTIVE,
+            "device-memory (DRAM) activity (mean over the replica's GPUs)",
+            "ratio",
+            (V.GPU_DRAM_ACTIVE,),
+        ),
+        SignalSpec(
+            Signal.GPU_POWER_SHARE,
+            "power drawn / the board's power limit (the replica's highest GPU)",
+            "ratio",
+            (V.GPU_POWER, V.GPU_POWER_LIMIT),
+        ),
+        SignalSpec(Signal.GPU_SM_CLOCK, "SM clock (the replica's slowest GPU)", "MHz", (V.GPU_SM_CLOCK,)),
+        SignalSpec(Signal.GPU_TEMPERATURE, "GPU temperature (the replica's hottest GPU)", "°C", (V.GPU_TEMPERATURE,)),
+        SignalSpec(
+            Signal.GPU_THROTTLED_SHARE,
+            "share of the window a GPU of the replica was throttled (its most frequent throttling clock-event "
+            "reason, or its throttle time)",
+            "ratio",
+            (V.GPU_CLOCK_EVENT, V.GPU_THROTTLE_TIME),
+        ),
+        SignalSpec(
+            Signal.GPU_XID_CRITICAL,
+            "GPUs of the replica whose last XID error is on the critical list",
+            "GPUs",
+            (V.GPU_XID,),
+        ),
+        SignalSpec(
+            Signal.GPU_XID_OTHER,
+            "GPUs of the replica whose last XID error is not on the critical list",
+            "GPUs",
+            (V.GPU_XID,),
+        ),
     )
 }
+GPU_SIGNALS: Final[frozenset[Signal]] = frozenset(s for s in Signal if s.value.startswith("gpu_"))
+"""The signals read from the GPUs beneath a replica rather than from its engine."""
 
 
 @dataclass(frozen=True)
@@ -258,7 +328,10 @@ CATALOGUE: Final[tuple[SymptomSpec, ...]] = (
         Symptom.THROUGHPUT_LOW,
         "Throughput will not rise",
         "requests wait while the KV cache is (nearly) full: the batch cannot grow for lack of memory, whatever the "
-        "concurrency limit",
+        "concurrency limit. With the GPU's series the GPU tells three causes apart (docs/gpu.md): saturated with "
+        "the cache full (this cause and its remedies); idle while requests wait (GPU engine activity under 0.5: the "
+        "bottleneck is outside the GPU, in the CPU, the tokenizer or the clients' concurrency); or throttled (see "
+        "gpu_throttled: fix the cooling or the power cap)",
         Threshold(Signal.KV_USAGE, 0.9, 0.98),
         "not enough GPU memory for a bigger batch",
         (
@@ -268,8 +341,8 @@ CATALOGUE: Final[tuple[SymptomSpec, ...]] = (
             Remedy("give the engine more GPU memory", (Knob.GPU_MEMORY,)),
         ),
         gates=(Gate(Signal.WAITING, above=0.5, description="requests waiting"),),
-        evidence=(Signal.RUNNING, Signal.GENERATION_RATE, Signal.KV_CAPACITY),
-        secondary_to=(Symptom.PREEMPTIONS,),
+        evidence=(Signal.RUNNING, Signal.GENERATION_RATE, Signal.KV_CAPACITY, Signal.MAX_CONCURRENCY),
+        secondary_to=(Symptom.PREEMPTIONS, Symptom.GPU_THROTTLED),
         alerts=(V.ALERT_KV_SATURATED,),
     ),
     SymptomSpec(
@@ -296,7 +369,9 @@ CATALOGUE: Final[tuple[SymptomSpec, ...]] = (
     SymptomSpec(
         Symptom.TPOT_SLOW,
         "Slow per-token generation",
-        "P99 time per output token above the threshold",
+        "P99 time per output token above the threshold. With the GPU's profiling series the finding says how the "
+        "decode is bound: by memory bandwidth (DRAM activity high, tensor activity lower: the model is too big for "
+        "the hardware) or by small batches and kernel overhead (the engine busy, SM, tensor and DRAM activity low)",
         Threshold(Signal.TPOT_P99, 0.1, 0.2),
         "the model is too big for the hardware: each decode step is slow",
         (
@@ -312,6 +387,7 @@ CATALOGUE: Final[tuple[SymptomSpec, ...]] = (
             ),
         ),
         evidence=(Signal.RUNNING, Signal.GENERATION_RATE),
+        secondary_to=(Symptom.GPU_THROTTLED,),
         slo_metric=V.TIME_PER_OUTPUT_TOKEN,
     ),
     SymptomSpec(
@@ -339,6 +415,51 @@ CATALOGUE: Final[tuple[SymptomSpec, ...]] = (
             Remedy("long requests starved by short ones: use request priority", (Knob.PRIORITY,)),
         ),
         gates=(Gate(Signal.REQUEST_RATE, above=0.0, description="requests finished in the window"),),
+    ),
+    SymptomSpec(
+        Symptom.GPU_THROTTLED,
+        "GPU throttled",
+        "a GPU of the replica holds its clocks down for power (clock-event reasons power_cap, hw_slowdown, "
+        "hw_power_brake) or temperature (sw_thermal, hw_thermal), or its throttle time grows, for more than a "
+        "tenth of the window (critical: more than half of it). Unknown when the GPU source exports neither: "
+        "dcgm-exporter's clock-event reasons field and its violation counters are opt-in (docs/gpu.md)",
+        Threshold(Signal.GPU_THROTTLED_SHARE, 0.1, 0.5),
+        "the GPU cannot hold its clocks: it is too hot (cooling) or at its power limit (the power cap); every "
+        "step of the engine is slower by about the clock's drop",
+        (
+            Remedy(
+                "thermal: fix the cooling (airflow, fans, inlet temperature, blanking panels) before the GPU "
+                "slows further or shuts down"
+            ),
+            Remedy(
+                "power: restore the board's default power limit (nvidia-smi -q -d POWER shows the default and "
+                "enforced limits; nvidia-smi -pl sets it) and check the node's power budget"
+            ),
+            Remedy("until it is fixed, move load to replicas on GPUs that are not throttled"),
+        ),
+        evidence=(Signal.GPU_SM_CLOCK, Signal.GPU_POWER_SHARE, Signal.GPU_TEMPERATURE, Signal.GPU_COUNT),
+        alerts=(V.ALERT_GPU_THROTTLED,),
+    ),
+    SymptomSpec(
+        Symptom.GPU_ERRORS,
+        "GPU errors (XID)",
+        f"a GPU of the replica reported an XID error: critical for a code on the critical list "
+        f"({', '.join(V.GPU_XID_CRITICAL)}: ECC errors, row remapping, NVLink, a GPU fallen off the bus), a "
+        "warning for any other code",
+        Threshold(Signal.GPU_XID_CRITICAL, 0.0, 0.0),
+        "the GPU or its driver failed (critical codes: the hardware needs attention); other codes are often the "
+        "application's own fault (13 graphics engine exception, 31 memory page fault)",
+        (
+            Remedy("drain the replica: send its traffic to the others before it fails more requests"),
+            Remedy(
+                "stop the engine, reset the GPU (nvidia-smi -r) or reboot the node, and check the GPU's health "
+                "(dcgmi diag) before it serves again"
+            ),
+            Remedy("a critical code that comes back: replace the GPU; NVLink errors: check the NVLink fabric"),
+            Remedy("a code off the critical list: read the engine's log at that time (often a crash or a bug)"),
+        ),
+        evidence=(Signal.GPU_XID_OTHER, Signal.GPU_COUNT),
+        alerts=(V.ALERT_GPU_ERRORS,),
     ),
 )
 

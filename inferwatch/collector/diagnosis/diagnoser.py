@@ -47,6 +47,8 @@ EXAMPLE_SORT: Final[dict[Symptom, tuple[str, str | None]]] = {
     Symptom.TPOT_SLOW: (TPOT, None),
     Symptom.ERROR_RATE_HIGH: ("start_time", V.OUTCOME_ERROR),
     Symptom.STREAMS_ABORTED: ("start_time", V.OUTCOME_ABORT),
+    Symptom.GPU_THROTTLED: (TPOT, None),
+    Symptom.GPU_ERRORS: ("start_time", V.OUTCOME_ERROR),
     Symptom.CAPACITY_EXHAUSTED: (QUEUE, None),
 }
 """how a finding's example requests are picked: the column sorted on, and a finish reason to match."""

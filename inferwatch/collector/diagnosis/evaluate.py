@@ -5,8 +5,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from inferwatch.collector.diagnosis import gpu
+from inferwatch.collector.diagnosis.evidence import AT_PROXY as AT_PROXY  # the finding's words, re-exported
+from inferwatch.collector.diagnosis.evidence import Judgement, evidence, fmt, unique
 from inferwatch.collector.diagnosis.report import Diagnosis, Evidence, Finding, TargetStatus
-from inferwatch.collector.diagnosis.signals import PROXY, Fleet, Observation, TargetSignals
+from inferwatch.collector.diagnosis.signals import PROXY, Fleet, TargetKey, TargetSignals
 from inferwatch.core import vocabulary as V
 from inferwatch.core.engines.profile import EngineProfile
 from inferwatch.core.symptoms import (
@@ -39,37 +42,6 @@ class Settings:
             limit = self.slo_thresholds[spec.slo_metric.key]
             return Threshold(spec.threshold.signal, limit, 2 * limit)
         return spec.threshold
-
-
-def _fmt(value: float, unit: str) -> str:
-    if unit == "ratio":
-        return f"{value:.1%}" if value < 10 else f"{value:.3g}"
-    if unit == "s":
-        return f"{value * 1000:.0f} ms" if value < 1 else f"{value:.2f} s"
-    return f"{value:.3g} {unit}".strip()
-
-
-AT_PROXY = " (measured by inferwatch proxy, as its clients see it: the engine does not export it)"
-"""appended to a signal the proxy measured in the engine's place."""
-
-
-def _described(signal: Signal, obs: Observation) -> str:
-    return SIGNALS[signal].description + (AT_PROXY if obs.measured_at == PROXY else "")
-
-
-def _evidence(target: TargetSignals, signal: Signal, condition: str | None) -> Evidence | None:
-    obs = target.get(signal)
-    if obs is None:
-        return None
-    spec = SIGNALS[signal]
-    return Evidence(
-        signal=signal.value,
-        description=_described(signal, obs),
-        value=obs.value,
-        unit=spec.unit,
-        threshold=condition,
-        query=obs.query,
-    )
 
 
 def _gate_holds(gate: Gate, target: TargetSignals) -> bool | None:
@@ -126,13 +98,60 @@ def remedy_text(remedy: Remedy, profile: EngineProfile | None) -> str:
     return f"{remedy.text} ({profile.title}: {spelled})"
 
 
-def _summary(spec: SymptomSpec, threshold: Threshold, status: Status, target: TargetSignals, note: str) -> str:
+def _summary(spec: SymptomSpec, threshold: Threshold, status: Status, target: TargetSignals) -> str:
     obs = target.get(threshold.signal)
     assert obs is not None
     unit = SIGNALS[threshold.signal].unit
     limit = threshold.critical if status is Status.CRITICAL else threshold.warning
-    text = f"{spec.title}: {SIGNALS[threshold.signal].description} {_fmt(obs.value, unit)} > {_fmt(limit, unit)}"
-    return text + (AT_PROXY if obs.measured_at == PROXY else "") + note
+    text = f"{spec.title}: {SIGNALS[threshold.signal].description} {fmt(obs.value, unit)} > {fmt(limit, unit)}"
+    return text + (AT_PROXY if obs.measured_at == PROXY else "")
+
+
+def _judge(
+    spec: SymptomSpec,
+    threshold: Threshold,
+    target: TargetSignals,
+    unknown: str | None,
+    gates: list[tuple[Gate, bool | None, Evidence | None]],
+) -> Judgement:
+    """A symptom judged from the catalogue alone: its threshold's signal, while its gates hold."""
+    if unknown is not None:
+        return Judgement(Status.UNKNOWN, reason=unknown)
+    if any(held is False for _, held, _ in gates):
+        return Judgement(Status.OK)
+    obs = target.get(threshold.signal)
+    assert obs is not None
+
+    def shown(status: Status) -> list[Evidence | None]:
+        limit = threshold.critical if status is Status.CRITICAL else threshold.warning
+        head = evidence(target, threshold.signal, f"> {limit:g}")
+        return [head, *(ev for _, _, ev in gates), *(evidence(target, s, None) for s in spec.evidence)]
+
+    return Judgement(
+        threshold.status(obs.value),
+        summary=lambda status: _summary(spec, threshold, status, target),
+        evidence=shown,
+        cause=spec.cause,
+        remedies=spec.remedies,
+    )
+
+
+def _finding(
+    spec: SymptomSpec, key: TargetKey, judged: Judgement, status: Status, note: str, profile: EngineProfile | None
+) -> Finding:
+    return Finding(
+        symptom=spec.id,
+        severity=status,
+        engine=key.engine,
+        model=key.model,
+        instance=key.instance,
+        summary=judged.summary(status) + note,
+        cause=judged.cause,
+        likely_cause=judged.likely_cause,
+        remedies=[remedy_text(r, profile) for r in judged.remedies],
+        evidence=unique([*judged.evidence(status), *judged.extra]),
+        runbook=spec.runbook,
+    )
 
 
 def diagnose(
@@ -141,61 +160,50 @@ def diagnose(
     settings: Settings | None = None,
     catalogue: tuple[SymptomSpec, ...] = CATALOGUE,
 ) -> Diagnosis:
-    """Every target's status per symptom, and a finding for each warning or critical one."""
+    """Every target's status per symptom, and a finding for each warning or critical one.
+
+    Most symptoms are judged from the catalogue's threshold and gates; the GPU findings and
+    ``throughput_low`` by :mod:`~inferwatch.collector.diagnosis.gpu`, which also names the likely cause
+    of ``tpot_slow`` from the GPU's activity."""
     settings = settings or Settings()
+    specs = {spec.id: spec for spec in (*CATALOGUE, *catalogue)}
     targets: list[TargetStatus] = []
     findings: list[Finding] = []
     order = {spec.id: i for i, spec in enumerate(catalogue)}
+
+    def threshold_of(symptom: Symptom) -> Threshold:
+        return settings.threshold(specs[symptom])
+
     for key, target in sorted(fleet.targets.items()):
         profile = profiles.get(key.engine)
         statuses: dict[Symptom, Status] = {}
         reasons: dict[Symptom, str] = {}
         # symptoms others are consequences of go first
         for spec in sorted(catalogue, key=lambda s: (len(s.secondary_to), order[s.id])):
-            reason = _unknown_reason(spec, target, profile)
-            if reason is not None:
-                statuses[spec.id], reasons[spec.id] = Status.UNKNOWN, reason
-                continue
             threshold = settings.threshold(spec)
-            gates = [(g, _gate_holds(g, target)) for g in spec.gates]
-            if any(held is False for _, held in gates):
-                statuses[spec.id] = Status.OK
+            unknown = _unknown_reason(spec, target, profile)
+            gates = [(g, _gate_holds(g, target), evidence(target, g.signal, _gate_text(g, target))) for g in spec.gates]
+            judge = gpu.JUDGES.get(spec.id)
+            if judge is not None:
+                context = gpu.Context(
+                    spec, threshold, target, fleet.window_seconds, unknown, tuple(gates), threshold_of
+                )
+                judged = judge(context)
+            else:
+                judged = _judge(spec, threshold, target, unknown, gates)
+            if spec.id is Symptom.TPOT_SLOW:
+                judged = gpu.refine_tpot(judged, target, threshold_of)
+            if judged.status is Status.UNKNOWN:
+                statuses[spec.id], reasons[spec.id] = Status.UNKNOWN, judged.reason or "no data in the window"
                 continue
-            obs = target.get(threshold.signal)
-            assert obs is not None
-            status = threshold.status(obs.value)
-            note = ""
+            status, note = judged.status, ""
             primary = [s for s in spec.secondary_to if statuses.get(s) is Status.CRITICAL]
             if status is Status.CRITICAL and primary:
                 status = Status.WARNING
                 note = f" (a consequence of {', '.join(p.value for p in primary)}: fix that first)"
             statuses[spec.id] = status
-            if status not in (Status.WARNING, Status.CRITICAL):
-                continue
-            limit = threshold.critical if status is Status.CRITICAL else threshold.warning
-            evidence = [_evidence(target, threshold.signal, f"> {limit:g}")]
-            evidence += [_evidence(target, g.signal, _gate_text(g, target)) for g, _ in gates]
-            evidence += [_evidence(target, s, None) for s in spec.evidence]
-            seen: set[str] = set()
-            kept = []
-            for item in evidence:
-                if item is not None and item.signal not in seen:
-                    seen.add(item.signal)
-                    kept.append(item)
-            findings.append(
-                Finding(
-                    symptom=spec.id,
-                    severity=status,
-                    engine=key.engine,
-                    model=key.model,
-                    instance=key.instance,
-                    summary=_summary(spec, threshold, status, target, note),
-                    cause=spec.cause,
-                    remedies=[remedy_text(r, profile) for r in spec.remedies],
-                    evidence=kept,
-                    runbook=spec.runbook,
-                )
-            )
+            if status in (Status.WARNING, Status.CRITICAL):
+                findings.append(_finding(spec, key, judged, status, note, profile))
         targets.append(
             TargetStatus(
                 engine=key.engine,

@@ -17,8 +17,19 @@ from urllib.parse import urlsplit
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from inferwatch.collector.diagnosis.gpu import summarise
 from inferwatch.collector.diagnosis.prometheus import P99
-from inferwatch.collector.diagnosis.signals import Filters, Fleet, Observation, TargetKey, UpstreamError
+from inferwatch.collector.diagnosis.signals import (
+    Filters,
+    Fleet,
+    GpuReading,
+    Observation,
+    TargetKey,
+    TargetSignals,
+    UpstreamError,
+    gpu_name,
+    shown_label,
+)
 from inferwatch.core import vocabulary as V
 from inferwatch.core.quantile import histogram_quantile
 from inferwatch.core.symptoms import Signal
@@ -38,9 +49,16 @@ def instance_of(url: str) -> str:
     return urlsplit(url).netloc
 
 
+GPU_FAMILIES = frozenset(m.name for m in V.GPU_METRICS)
+GPU_NAMING = (V.LABEL_HOST, V.LABEL_GPU, V.LABEL_GPU_UUID)
+GpuId = tuple[str, ...]
+"""(host, index, UUID) of one GPU."""
+
+
 @dataclass
 class _Scrape:
-    """One exporter scrape, summed per target: counters and gauges, histogram buckets, info labels."""
+    """One exporter scrape, summed per target: counters and gauges, histogram buckets, info labels; and
+    the GPU series kept per GPU (``(name, GPU, reason or XID) -> value``)."""
 
     at: float
     sums: dict[tuple[TargetKey, str], float] = field(default_factory=dict)
@@ -48,6 +66,7 @@ class _Scrape:
     buckets: dict[tuple[TargetKey, str], dict[float, float]] = field(default_factory=dict)
     info: dict[TargetKey, dict[str, str]] = field(default_factory=dict)
     targets: set[TargetKey] = field(default_factory=set)
+    gpus: dict[TargetKey, dict[tuple[str, GpuId, str], float]] = field(default_factory=dict)
 
 
 def _parse(text: str, instance: str, at: float) -> _Scrape:
@@ -59,6 +78,11 @@ def _parse(text: str, instance: str, at: float) -> _Scrape:
                 continue  # exporter health series: not an engine's
             key = TargetKey(labels[V.LABEL_ENGINE], labels[V.LABEL_MODEL], instance)
             name = sample.name
+            if name in GPU_FAMILIES:
+                gpu: GpuId = tuple(labels.get(k, "") for k in GPU_NAMING)
+                extra = shown_label(labels.get(V.LABEL_REASON) or labels.get(V.LABEL_XID) or "")
+                out.gpus.setdefault(key, {})[(name, gpu, extra)] = sample.value
+                continue
             if name == V.ENGINE_INFO.name:
                 out.info.setdefault(key, {k: v for k, v in labels.items() if k in V.INFO_LABELS})
                 continue
@@ -199,6 +223,76 @@ def _signals(url: str, first: _Scrape, second: _Scrape, fleet: Fleet) -> None:
         drafts = second.sums.get((key, V.SPEC_DECODE_DRAFT_TOKENS.name))
         if drafts is not None:
             target.spec_decode = Observation(drafts, f"{V.SPEC_DECODE_DRAFT_TOKENS.name} {_fmt(drafts)} at {url}")
+        _gpu_signals(target, first.gpus.get(key, {}), second.gpus.get(key, {}), dt, where)
+
+
+def _gpu_signals(
+    target: TargetSignals,
+    first: dict[tuple[str, GpuId, str], float],
+    second: dict[tuple[str, GpuId, str], float],
+    dt: float,
+    where: str,
+) -> None:
+    """The replica's GPU signals and per-GPU readings from two scrapes of its ``llm_gpu_*`` series: gauges
+    averaged over the scrapes, then over the GPUs (``avg`` ratios, ``max`` power share and temperature,
+    ``min`` clock); throttle time as a rate; an XID seen in either scrape."""
+
+    def per_gpu(spec: V.MetricSpec) -> dict[tuple[GpuId, str], float]:
+        """each (GPU, reason or XID) of ``spec``: the mean of its values in the two scrapes."""
+        seen: dict[tuple[GpuId, str], list[float]] = {}
+        for scrape in (first, second):
+            for (name, gpu, extra), value in scrape.items():
+                if name == spec.name and math.isfinite(value):
+                    seen.setdefault((gpu, extra), []).append(value)
+        return {k: sum(v) / len(v) for k, v in seen.items()}
+
+    def mean_of(spec: V.MetricSpec) -> str:
+        return f"mean of {spec.name} over the two scrapes and the GPUs {where}"
+
+    gpus = {g for g, _ in per_gpu(V.GPU_UTILIZATION)} | {g for g, _ in per_gpu(V.GPU_POWER)}
+    if gpus:
+        target.put(
+            Signal.GPU_COUNT, float(len(gpus)), f"GPUs with {V.GPU_UTILIZATION.name} or {V.GPU_POWER.name} {where}"
+        )
+    for signal, spec in (
+        (Signal.GPU_ENGINE_ACTIVE, V.GPU_ENGINE_ACTIVE),
+        (Signal.GPU_UTILIZATION, V.GPU_UTILIZATION),
+        (Signal.GPU_SM_ACTIVE, V.GPU_SM_ACTIVE),
+        (Signal.GPU_TENSOR_ACTIVE, V.GPU_TENSOR_ACTIVE),
+        (Signal.GPU_DRAM_ACTIVE, V.GPU_DRAM_ACTIVE),
+    ):
+        values = per_gpu(spec)
+        if values:
+            target.put(signal, sum(values.values()) / len(values), mean_of(spec))
+    power, limit = per_gpu(V.GPU_POWER), per_gpu(V.GPU_POWER_LIMIT)
+    shares = [power[k] / limit[k] for k in power if limit.get(k)]
+    if shares:
+        target.put(Signal.GPU_POWER_SHARE, max(shares), f"{V.GPU_POWER.name} / {V.GPU_POWER_LIMIT.name} {where}")
+    clocks = per_gpu(V.GPU_SM_CLOCK)
+    if clocks:
+        target.put(Signal.GPU_SM_CLOCK, min(clocks.values()) / 1e6, f"the lowest {mean_of(V.GPU_SM_CLOCK)}")
+    temperatures = [v for (name, _, _), v in (*first.items(), *second.items()) if name == V.GPU_TEMPERATURE.name]
+    if temperatures:
+        target.put(Signal.GPU_TEMPERATURE, max(temperatures), f"the highest {V.GPU_TEMPERATURE.name} {where}")
+
+    readings = target.gpus
+    events_query = f"mean of {V.GPU_CLOCK_EVENT.name} (throttling reasons) over the two scrapes {where}"
+    for (gpu, reason), share in sorted(per_gpu(V.GPU_CLOCK_EVENT).items()):
+        if reason in V.GPU_THROTTLE_CAUSES:
+            readings.clock_events.append(GpuReading(_gpu_name(gpu), reason, share, events_query))
+    time_query = f"{V.GPU_THROTTLE_TIME.name} delta / interval {where}"
+    for (name, gpu, reason), now in sorted(second.items()):
+        before = first.get((name, gpu, reason))
+        if name == V.GPU_THROTTLE_TIME.name and before is not None and dt > 0:
+            readings.throttle_time.append(GpuReading(_gpu_name(gpu), reason, max(now - before, 0.0) / dt, time_query))
+    xid_query = f"{V.GPU_XID.name} in either scrape {where}"
+    codes = {(gpu, xid) for (name, gpu, xid) in (*first, *second) if name == V.GPU_XID.name and xid}
+    readings.xids.extend(GpuReading(_gpu_name(gpu), xid, 1.0, xid_query) for gpu, xid in sorted(codes))
+    summarise(target, throttle_query=f"{events_query}; {time_query}", xid_query=xid_query)
+
+
+def _gpu_name(gpu: GpuId) -> str:
+    return gpu_name(dict(zip(GPU_NAMING, gpu, strict=True)))
 
 
 def _fmt(value: float | None) -> str:

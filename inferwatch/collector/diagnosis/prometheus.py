@@ -22,14 +22,18 @@ from collections.abc import Mapping
 
 import httpx
 
+from inferwatch.collector.diagnosis import gpu
 from inferwatch.collector.diagnosis.signals import (
     ENGINE,
     PROXY,
     Filters,
     Fleet,
+    GpuReading,
     Observation,
     TargetKey,
     UpstreamError,
+    gpu_name,
+    shown_label,
 )
 from inferwatch.core import vocabulary as V
 from inferwatch.core.slo import MeasuredAt, duration_seconds
@@ -37,9 +41,14 @@ from inferwatch.core.symptoms import SIGNALS, Signal
 
 INSTANCE = "instance"
 BY: tuple[str, ...] = (V.LABEL_ENGINE, V.LABEL_MODEL, INSTANCE)
+GPU_BY: tuple[str, ...] = (*BY, V.LABEL_HOST, V.LABEL_GPU, V.LABEL_GPU_UUID)
+"""one GPU of a replica (the UUID alone would do; host and index name it for the on-call)."""
 TARGETS_QUERY = "targets"
 INFO_QUERY = "info"
 SPEC_DECODE_QUERY = "spec_decode"
+GPU_CLOCK_EVENTS_QUERY = "gpu_clock_events"
+GPU_THROTTLE_TIME_QUERY = "gpu_throttle_time"
+GPU_XID_QUERY = "gpu_xid"
 P99 = 0.99
 MEASURED_AT = "measured_at"
 """the label the fallback puts on the proxy's values (never on an engine's series)."""
@@ -160,7 +169,9 @@ def fleet_queries(window: str, filters: Filters) -> dict[str, str]:
         for signal in PROXIED_QUANTILES
     }
     info_labels = (*BY, *V.INFO_LABELS)
+    gpu = gpu_queries(window, filters)
     return {
+        **gpu,
         TARGETS_QUERY: f"max {by} (last_over_time({V.REQUESTS_RUNNING.name}{sel}{w}))",
         INFO_QUERY: f"max {_by(info_labels)} (last_over_time({V.ENGINE_INFO.name}{sel}{w}))",
         SPEC_DECODE_QUERY: f"sum {by} (last_over_time({V.SPEC_DECODE_DRAFT_TOKENS.name}{sel}{w}))",
@@ -184,6 +195,50 @@ def fleet_queries(window: str, filters: Filters) -> dict[str, str]:
         Signal.TPOT_P99: proxied[Signal.TPOT_P99],
         Signal.GENERATION_RATE: rate(V.GENERATION_TOKENS.name),
     }
+
+
+def gpu_queries(window: str, filters: Filters) -> dict[str, str]:
+    """The GPU beneath each replica (``llm_gpu_*``, which carry the replica's labels): its activity per
+    target (engine activity, else NVML's utilisation: both are asked, the evaluation picks), and per GPU
+    the throttling clock-event reasons, the throttle time and the XID codes, for the GPU findings."""
+    w = f"[{window}]"
+    sel = selector(filters)
+    by, per_gpu = _by(), _by(GPU_BY)
+    throttling = f'{V.LABEL_REASON}=~"{"|".join(sorted(V.GPU_THROTTLE_CAUSES))}"'
+    events = sel[:-1] + ", " + throttling + "}" if sel else "{" + throttling + "}"
+
+    def mean(spec: V.MetricSpec) -> str:
+        return f"avg {by} (avg_over_time({spec.name}{sel}{w}))"
+
+    per_gpu_util = f"max {per_gpu} (last_over_time({V.GPU_UTILIZATION.name}{sel}{w}))"
+    per_gpu_power = f"max {per_gpu} (last_over_time({V.GPU_POWER.name}{sel}{w}))"
+    clock_events = f"max {_by((*GPU_BY, V.LABEL_REASON))} (avg_over_time({V.GPU_CLOCK_EVENT.name}{events}{w}))"
+    throttle_time = f"max {_by((*GPU_BY, V.LABEL_REASON))} (rate({V.GPU_THROTTLE_TIME.name}{sel}{w}))"
+    power_share = (
+        f"max {by} (max {per_gpu} (avg_over_time({V.GPU_POWER.name}{sel}{w})) / "
+        f"max {per_gpu} (avg_over_time({V.GPU_POWER_LIMIT.name}{sel}{w})))"
+    )
+    return {
+        Signal.GPU_COUNT: f"count {by} ({per_gpu_util} or {per_gpu_power})",
+        Signal.GPU_ENGINE_ACTIVE: mean(V.GPU_ENGINE_ACTIVE),
+        Signal.GPU_UTILIZATION: mean(V.GPU_UTILIZATION),
+        Signal.GPU_SM_ACTIVE: mean(V.GPU_SM_ACTIVE),
+        Signal.GPU_TENSOR_ACTIVE: mean(V.GPU_TENSOR_ACTIVE),
+        Signal.GPU_DRAM_ACTIVE: mean(V.GPU_DRAM_ACTIVE),
+        Signal.GPU_POWER_SHARE: power_share,
+        Signal.GPU_SM_CLOCK: f"min {by} (avg_over_time({V.GPU_SM_CLOCK.name}{sel}{w})) / 1e6",
+        Signal.GPU_TEMPERATURE: f"max {by} (max_over_time({V.GPU_TEMPERATURE.name}{sel}{w}))",
+        GPU_CLOCK_EVENTS_QUERY: clock_events,
+        GPU_THROTTLE_TIME_QUERY: throttle_time,
+        GPU_XID_QUERY: f"max {_by((*GPU_BY, V.LABEL_XID))} (max_over_time({V.GPU_XID.name}{sel}{w}))",
+    }
+
+
+def throttled_share_query(queries: Mapping[str, str]) -> str:
+    """The PromQL of the throttled share of the window, per target: what :func:`gpu.summarise` computes
+    from the per-GPU readings (shown as its evidence, not run: the readings are)."""
+    by = _by()
+    return f"max {by} ({queries[GPU_CLOCK_EVENTS_QUERY]} or clamp_max({queries[GPU_THROTTLE_TIME_QUERY]}, 1))"
 
 
 def _key(labels: Mapping[str, str]) -> TargetKey:
@@ -288,6 +343,7 @@ async def read_fleet(
         value = _value(item)
         if math.isfinite(value):
             target.spec_decode = Observation(value, queries[SPEC_DECODE_QUERY])
+    _gpu_readings(fleet, by_name, queries)
     for signal in Signal:
         if signal not in by_name:
             continue
@@ -297,5 +353,29 @@ async def read_fleet(
             if key not in fleet.targets:
                 continue  # a signal of a target that has no running gauge: not an engine series
             fleet.targets[key].put(signal, _value(item), queries[signal], _side(labels))
+    for target in fleet.targets.values():
+        gpu.summarise(target, throttle_query=throttled_share_query(queries), xid_query=queries[GPU_XID_QUERY])
     fleet.targets = {k: v for k, v in fleet.targets.items() if filters.matches(k)}
     return fleet
+
+
+def _gpu_readings(fleet: Fleet, by_name: Mapping[str, list[dict[str, object]]], queries: Mapping[str, str]) -> None:
+    """Each target's per-GPU readings: throttling reasons, throttle time, XID codes (targets that have a
+    running gauge only, as for every signal)."""
+    for name, label in (
+        (GPU_CLOCK_EVENTS_QUERY, V.LABEL_REASON),
+        (GPU_THROTTLE_TIME_QUERY, V.LABEL_REASON),
+        (GPU_XID_QUERY, V.LABEL_XID),
+    ):
+        for item in by_name[name]:
+            labels = _labels(item)
+            target = fleet.targets.get(_key(labels))
+            value = _value(item)
+            if target is None or not math.isfinite(value) or not labels.get(label):
+                continue
+            found = GpuReading(gpu_name(labels), shown_label(labels[label]), value, queries[name])
+            {
+                GPU_CLOCK_EVENTS_QUERY: target.gpus.clock_events,
+                GPU_THROTTLE_TIME_QUERY: target.gpus.throttle_time,
+                GPU_XID_QUERY: target.gpus.xids,
+            }[name].append(found)

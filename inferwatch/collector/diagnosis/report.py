@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from inferwatch.collector.schemas import RequestDetail
+from inferwatch.core.causes import Cause
 from inferwatch.core.checklist import Check, Verdict
 from inferwatch.core.symptoms import Status, Symptom
 
@@ -28,6 +29,12 @@ class Finding(BaseModel):
     instance: str
     summary: str
     cause: str
+    likely_cause: Cause | None = Field(
+        None,
+        description="which of the symptom's causes the GPU's series point at (throughput_low: gpu_saturated, "
+        "outside_gpu, gpu_throttled; tpot_slow: memory_bandwidth, small_batches, outside_gpu, gpu_throttled); "
+        "null when the symptom has one cause or no GPU series tell them apart",
+    )
     remedies: list[str]
     evidence: list[Evidence]
     runbook: str

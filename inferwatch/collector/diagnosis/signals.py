@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
+from inferwatch.core import vocabulary as V
 from inferwatch.core.slo import MeasuredAt
 from inferwatch.core.symptoms import Signal
 
@@ -42,6 +44,49 @@ class Observation:
     exports no such signal (its client-side counterpart, ``V.CLIENT_COUNTERPARTS``)."""
 
 
+@dataclass(frozen=True)
+class GpuReading:
+    """One GPU's figure behind a GPU finding: which GPU, what was read, and its value over the window."""
+
+    gpu: str
+    """the GPU as an on-call finds it: ``GPU 0 (GPU-3f6a2c1e-…) on gpu-node-01``."""
+    what: str
+    """a clock-event reason (``power_cap``), a throttle cause (``power``), or an XID code."""
+    value: float
+    """the share of the window the reason held; throttled seconds per second; 1 for an XID seen."""
+    query: str
+
+
+@dataclass
+class GpuReadings:
+    """The per-GPU figures of one replica (several GPUs under tensor parallelism). An empty list means the
+    GPU source exports no such family (opt-in fields), or no XID happened."""
+
+    clock_events: list[GpuReading] = field(default_factory=list)
+    """share of the window each throttling clock-event reason held, per GPU."""
+    throttle_time: list[GpuReading] = field(default_factory=list)
+    """throttled seconds per second, per GPU and cause (power, thermal)."""
+    xids: list[GpuReading] = field(default_factory=list)
+    """the XID codes seen in the window, per GPU."""
+
+
+LABEL_MAX = 64
+"""a label value shown in a finding is cut here: they come from the network (a GPU source's page)."""
+
+
+def shown_label(value: str) -> str:
+    return value if len(value) <= LABEL_MAX else value[: LABEL_MAX - 1] + "…"
+
+
+def gpu_name(labels: Mapping[str, str]) -> str:
+    """``GPU 0 (GPU-3f6a2c1e-…) on gpu-node-01`` from a GPU series' labels (the parts it has)."""
+    index, uuid, host = (shown_label(labels.get(k, "")) for k in (V.LABEL_GPU, V.LABEL_GPU_UUID, V.LABEL_HOST))
+    text = f"GPU {index}" if index else "GPU"
+    if uuid:
+        text += f" ({uuid})"
+    return text + (f" on {host}" if host else "")
+
+
 @dataclass
 class TargetSignals:
     key: TargetKey
@@ -51,6 +96,7 @@ class TargetSignals:
     info_query: str = ""
     spec_decode: Observation | None = None
     """draft tokens counted so far: present when the engine runs speculative decoding."""
+    gpus: GpuReadings = field(default_factory=GpuReadings)
 
     def get(self, signal: Signal) -> Observation | None:
         return self.values.get(signal)

@@ -1,9 +1,9 @@
 """The tuning checklist per target: pass, fail or unknown, each with its evidence (pure: no I/O).
 
 Evidence comes from what the engine exposes (its info series, speculative-decoding counters, the
-window's preemptions and queue) and, when the user gives it, the launch line
-(:func:`inferwatch.core.engines.launch.parse_launch`), whose absent flags count at the engine's
-defaults. What neither reveals is ``unknown``, never assumed.
+window's preemptions and queue), the GPUs beneath it (throttling, XID errors) and, when the user gives
+it, the launch line (:func:`inferwatch.core.engines.launch.parse_launch`), whose absent flags count at
+the engine's defaults. What neither reveals is ``unknown``, never assumed.
 """
 
 from __future__ import annotations
@@ -13,15 +13,17 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from inferwatch.collector.diagnosis import dcgm, gpu
 from inferwatch.collector.diagnosis.evaluate import remedy_text
 from inferwatch.collector.diagnosis.report import CheckResult, TargetChecklist
 from inferwatch.collector.diagnosis.signals import TargetSignals
 from inferwatch.core import vocabulary as V
 from inferwatch.core.capacity import ModelShape, supported_concurrency
+from inferwatch.core.causes import xid_meaning
 from inferwatch.core.checklist import CHECKLIST, MIN_GPU_MEMORY_UTILIZATION, Check, CheckSpec, Verdict
 from inferwatch.core.engines.launch import LaunchConfig, Setting
 from inferwatch.core.engines.profile import EngineProfile, Knob
-from inferwatch.core.symptoms import Signal
+from inferwatch.core.symptoms import Signal, Symptom, catalogue
 
 QUANTIZED_NAME = re.compile(r"(awq|gptq|fp8|fp4|nvfp4|int4|int8|w4a16|w8a8|gguf|bnb|4bit|8bit|exl2|marlin|mxfp4)", re.I)
 FP8_METHODS = ("fp8", "fbgemm_fp8", "modelopt", "fp8_per_tensor", "fp8_per_block", "fp8_per_channel")
@@ -253,6 +255,33 @@ def _method(ctx: Context) -> Result:
     return Verdict.PASS, evidence, None
 
 
+def _gpu(ctx: Context) -> Result:
+    """The GPU findings' verdicts at the catalogue's thresholds: throttled, or a critical XID, fails."""
+    t = ctx.target
+    if not gpu.has_gpus(t):
+        return Verdict.UNKNOWN, [dcgm.NO_GPU], None
+    share, critical = t.get(Signal.GPU_THROTTLED_SHARE), t.get(Signal.GPU_XID_CRITICAL)
+    limit = catalogue()[Symptom.GPU_THROTTLED].threshold.warning
+    problems = [
+        f"{r.gpu}: XID {r.what} ({xid_meaning(r.what)}) ({r.query})"
+        for r in t.gpus.xids
+        if r.what in V.GPU_XID_CRITICAL
+    ]
+    if share is not None and share.value > limit:
+        worst = max((*t.gpus.clock_events, *t.gpus.throttle_time), key=lambda r: r.value)
+        problems.append(f"{worst.gpu} throttled ({worst.what}) {share.value:.0%} of the window ({share.query})")
+    if problems:
+        remark = "a critical XID: drain the replica first" if critical is not None and critical.value > 0 else None
+        return Verdict.FAIL, problems, remark
+    if share is None:
+        return Verdict.UNKNOWN, [dcgm.CANNOT_TELL_THROTTLE], None
+    return (
+        Verdict.PASS,
+        [f"throttled {share.value:.0%} of the window (at most {limit:.0%}); no critical XID ({share.query})"],
+        None,
+    )
+
+
 CHECKS: dict[Check, Callable[[Context], Result]] = {
     Check.QUANTIZED: _quantized,
     Check.CONTINUOUS_BATCHING: _batching,
@@ -262,6 +291,7 @@ CHECKS: dict[Check, Callable[[Context], Result]] = {
     Check.SPECULATIVE_DECODING: _speculative,
     Check.TENSOR_PARALLEL: _tensor_parallel,
     Check.QUANTIZATION_METHOD: _method,
+    Check.GPU_HEALTHY: _gpu,
 }
 
 
@@ -283,7 +313,7 @@ def evaluate(
     gpu: str | None = None,
     shape: ModelShape | None = None,
 ) -> TargetChecklist:
-    """The eight checks for one target."""
+    """The checklist for one target."""
     ctx = Context(target, profile, launch, gpu, shape)
     key = target.key
     items = [_result(spec, ctx) for spec in CHECKLIST]

@@ -94,7 +94,7 @@ async def checklist(
     ] = None,
     gpu: Annotated[str | None, Query(description="The GPU model, e.g. H100, to judge the quantization method")] = None,
 ) -> Checklist:
-    """The eight-item tuning checklist per target: pass, fail or unknown, with evidence and remedy."""
+    """The tuning checklist per target: pass, fail or unknown, with evidence and remedy."""
     try:
         return await collector.oncall.checklist(window, Filters(llm_engine, model, instance), launch=launch, gpu=gpu)
     except LaunchError as exc:

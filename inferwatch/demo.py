@@ -52,7 +52,7 @@ from inferwatch.demo_view import (
     view,
 )
 from inferwatch.simulator.dcgm import PATH as SIM_GPU_PATH
-from inferwatch.simulator.gpu import sim_gpu_uuid
+from inferwatch.simulator.gpus import sim_gpu_uuid
 from inferwatch.stack import Exporter, Layout, generate
 
 ENGINES = V.ENGINES

@@ -37,6 +37,10 @@ ONE_PER_COMPONENT = {
 }
 """Base names shared on purpose: the same kind of module, once in each component that has one."""
 
+GPU_SOURCES = ("dcgm",)
+"""GPU sources' dialects, named after the source like an engine's module: what the exporter translates,
+what the simulator renders, what the diagnosis asks the operator to enable (NVIDIA dcgm-exporter)."""
+
 SIMULATOR_PARTS = ("api", "metrics", "spans", "protocol")
 """The modules of each simulated engine's package (simulator/engines/<engine>/); ``protocol`` holds the
 engine's request and response shapes where its API needs more than ``api.py`` (TGI, llama.cpp)."""
@@ -73,7 +77,7 @@ def test_the_root_links_point_into_the_package() -> None:
 
 def test_module_base_names_are_unique() -> None:
     """Two modules share a base name only when they are the same kind of thing in parallel places:
-    one per engine (named after it, or its simulator package's parts), or one per component."""
+    one per engine or GPU source (named after it, or its simulator package's parts), or one per component."""
     engines = set(builtin_profiles())
     by_name: dict[str, list[Path]] = defaultdict(list)
     for path in _modules():
@@ -81,7 +85,7 @@ def test_module_base_names_are_unique() -> None:
             by_name[path.stem].append(path.relative_to(PACKAGE))
     clashes = {}
     for name, paths in by_name.items():
-        if len(paths) < 2 or name in engines or name in ONE_PER_COMPONENT:
+        if len(paths) < 2 or name in engines or name in GPU_SOURCES or name in ONE_PER_COMPONENT:
             continue
         if name in SIMULATOR_PARTS and all(p.parts[:2] == ("simulator", "engines") for p in paths):
             continue

@@ -30,7 +30,7 @@ from inferwatch.exporters.samples import Snapshot
 from inferwatch.simulator import dcgm
 from inferwatch.simulator.base import SimSettings
 from inferwatch.simulator.clock import VirtualClock
-from inferwatch.simulator.gpu import (
+from inferwatch.simulator.gpus import (
     BOOST_CLOCK_MHZ,
     CLOCK_EVENT_GPU_IDLE,
     CLOCK_EVENT_POWER_CAP,
@@ -302,7 +302,7 @@ def test_switching_the_gpu_profile_at_runtime() -> None:
 
 
 def test_fields_the_source_does_not_export_are_absent() -> None:
-    from inferwatch.simulator.gpu import GpuConfig, SimulatedGpus
+    from inferwatch.simulator.gpus import GpuConfig, SimulatedGpus
     from inferwatch.simulator.profiles import get_gpu_profile
 
     def page(**kw: Any) -> str:

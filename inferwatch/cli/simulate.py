@@ -55,7 +55,7 @@ def simulate(
     with needs_extra("sim", "simulate"):
         from inferwatch.simulator.base import SimSettings
         from inferwatch.simulator.dcgm import XID_MESSAGES
-        from inferwatch.simulator.gpu import MAX_GPUS
+        from inferwatch.simulator.gpus import MAX_GPUS
         from inferwatch.simulator.profiles import GPU_PROFILES, PROFILES
         from inferwatch.simulator.server import default_params, serve
 

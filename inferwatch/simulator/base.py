@@ -24,7 +24,7 @@ from opentelemetry.trace import Tracer
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from inferwatch.simulator.clock import Clock, SimClock
-from inferwatch.simulator.gpu import GpuConfig, SimulatedGpus
+from inferwatch.simulator.gpus import GpuConfig, SimulatedGpus
 from inferwatch.simulator.profiles import GpuProfile, Profile, get_gpu_profile, get_profile
 from inferwatch.simulator.runtime import EngineLoop, LoadGenerator, apply_gpu_profile, apply_profile, lognormal_int
 from inferwatch.simulator.scheduler import EngineParams, Finish, Sequence, ServingModel, StepReport
@@ -197,7 +197,7 @@ class EngineMetrics:
 
 class SimulatedEngine:
     """The serving model, its clock and loop, the built-in load, the active profiles and the GPUs beneath it
-    (:mod:`inferwatch.simulator.gpu`, which slow its steps when their clocks drop).
+    (:mod:`inferwatch.simulator.gpus`, which slow its steps when their clocks drop).
 
     The clock is scaled wall time (``settings.speed``) unless one is given (a virtual clock in tests).
     """

@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from inferwatch.simulator.gpu import MEMORY_CLOCK_MHZ, GpuReading, SimulatedGpus
+from inferwatch.simulator.gpus import MEMORY_CLOCK_MHZ, GpuReading, SimulatedGpus
 
 PATH = "/dcgm/metrics"
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"

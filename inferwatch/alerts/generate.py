@@ -517,6 +517,12 @@ def _symptom_section(spec: SymptomSpec, profiles: dict[str, EngineProfile]) -> l
     for remedy in spec.remedies:
         lines.append(f"| {remedy.text} | " + " | ".join(_knob_cell(p, remedy) for p in engines) + " |")
     lines.append("")
+    causes = [row for row in knowledge.cause_table() if row[0] == spec.id.value]
+    if causes:
+        lines += ["**What the GPU tells apart** (the finding's `likely_cause`, tried in this order):", ""]
+        lines += ["| likely cause | the GPU shows | cause | remedy |", "|---|---|---|---|"]
+        lines += [f"| `{cause}` | {shows} | {why} | {fix} |" for _, cause, shows, why, fix in causes]
+        lines.append("")
     if spec.alerts:
         lines += ["**Alerts that point here:** " + ", ".join(f"[{a}](#{a.lower()})" for a in spec.alerts) + ".", ""]
     return lines

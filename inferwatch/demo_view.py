@@ -24,16 +24,19 @@ from rich.text import Text
 
 from inferwatch.core import vocabulary as V
 from inferwatch.core.quantile import Scrape
+from inferwatch.core.symptoms import Symptom
 
 WINDOW_SECONDS = 10.0
 SHORT_SYMPTOM: Final[dict[str, str]] = {
-    "latency_p99_high": "queue backlog",
-    "throughput_low": "KV full",
-    "preemptions": "preemptions",
-    "ttft_slow": "slow TTFT",
-    "tpot_slow": "slow TPOT",
-    "error_rate_high": "errors",
-    "streams_aborted": "aborts",
+    Symptom.LATENCY_P99_HIGH: "queue backlog",
+    Symptom.THROUGHPUT_LOW: "low tok/s",
+    Symptom.PREEMPTIONS: "preemptions",
+    Symptom.TTFT_SLOW: "slow TTFT",
+    Symptom.TPOT_SLOW: "slow TPOT",
+    Symptom.ERROR_RATE_HIGH: "errors",
+    Symptom.STREAMS_ABORTED: "aborts",
+    Symptom.GPU_THROTTLED: "GPU throttled",
+    Symptom.GPU_ERRORS: "GPU XID",
 }
 
 
@@ -125,6 +128,14 @@ def _latency(last: Scrape, earlier: Scrape | None, spec: V.MetricSpec, q: float)
     return f">{_fmt(value, 's')}" if value is not None and value >= top else _fmt(value, "s")
 
 
+def _gpu_activity(last: Scrape) -> float | None:
+    """The busiest GPU of the replica: engine activity (DCGM profiling), else utilisation; None without GPUs."""
+    for spec in (V.GPU_ENGINE_ACTIVE, V.GPU_UTILIZATION):
+        if spec.name in last.gauges_max:
+            return last.gauges_max[spec.name]
+    return None
+
+
 def view(members: list[Member], title: str, insight: Insight | None = None, width: int = 80) -> Group:
     """The live view: one row per engine, then firing incidents. Fits ``width`` columns (80 by default)."""
     insight = insight or Insight()
@@ -137,9 +148,10 @@ def view(members: list[Member], title: str, insight: Insight | None = None, widt
         ("TTFT99", "right"),
         ("exact", "right"),
         ("TPOT99", "right"),
-        ("run/wait", "right"),
+        ("run/q", "right"),
         ("KV", "right"),
         ("pre/s", "right"),
+        ("GPU", "right"),
         ("burn", "right"),
         ("diagnosis", "left"),
     )
@@ -153,7 +165,7 @@ def view(members: list[Member], title: str, insight: Insight | None = None, widt
     for m in members:
         earlier, last = m.window()
         if last is None:
-            table.add_row(m.engine, *["-"] * 9)
+            table.add_row(m.engine, *["-"] * (len(columns) - 1))
             continue
         running, waiting = last.values.get(V.REQUESTS_RUNNING.name), last.values.get(V.REQUESTS_WAITING.name)
         found = diagnosis.get(m.engine)
@@ -184,6 +196,7 @@ def view(members: list[Member], title: str, insight: Insight | None = None, widt
             f"{_count(running)}/{_count(waiting)}",
             _fmt(last.gauges_max.get(V.KV_CACHE_USAGE.name), "%"),
             _count(last.rate(earlier, V.PREEMPTIONS.name)),
+            _fmt(_gpu_activity(last), "%"),
             burn_text,
             diag,
         )

@@ -13,7 +13,7 @@ from inferwatch.core import vocabulary as V
 from inferwatch.core.quantile import Scrape
 from inferwatch.demo_view import Insight, Member, model_of, view
 
-WIDEST_SYMPTOMS = ("latency_p99_high", "preemptions", "throughput_low", "ttft_slow", "tpot_slow", "error_rate_high")
+WIDEST_SYMPTOMS = ("latency_p99_high", "preemptions", "throughput_low", "gpu_throttled", "tpot_slow", "error_rate_high")
 
 
 def _scrape(at: float, requests: float, preemptions: float, slow: bool) -> Scrape:
@@ -37,7 +37,8 @@ def _scrape(at: float, requests: float, preemptions: float, slow: bool) -> Scrap
         V.REQUESTS_RUNNING.name: 124.0,
         V.REQUESTS_WAITING.name: 12_345.0,
     }
-    return Scrape(at=at, values=values, buckets=buckets, gauges_max={V.KV_CACHE_USAGE.name: 1.0}, up=1.0)
+    gauges = {V.KV_CACHE_USAGE.name: 1.0, V.GPU_UTILIZATION.name: 1.0}
+    return Scrape(at=at, values=values, buckets=buckets, gauges_max=gauges, up=1.0)
 
 
 def test_six_engines_at_their_widest_fit_80_columns_without_cutting_a_cell() -> None:
@@ -61,5 +62,6 @@ def test_six_engines_at_their_widest_fit_80_columns_without_cutting_a_cell() -> 
     rows = [line for line in lines if line.split() and line.split()[0] in V.ENGINES]
     assert len(rows) == len(V.ENGINES), text
     assert not any("…" in row for row in rows), text  # no cell cut short
-    for word in ("preemptions", "queue backlog", "124/12k", "100%", "1.4kx", ">10.0s", "123s*"):
+    assert all(line.count("100%") == 2 for line in rows), text  # KV and GPU
+    for word in ("preemptions", "queue backlog", "GPU throttled", "124/12k", "100%", "1.4kx", ">10.0s", "123s*"):
         assert word in text, (word, text)

@@ -31,6 +31,7 @@ ERRORS: dict[tuple[str, str], set[int]] = {
     ("get", "/api/v1/requests"): {400, 401, 422, 503},
     ("get", "/api/v1/requests/{request_id}"): {401, 404, 422, 503},
     ("get", "/api/v1/stats"): {400, 401, 422, 503},
+    ("get", "/api/v1/usage"): {400, 401, 422, 503},
     ("get", "/api/v1/diagnose"): {401, 422, 503},
     ("get", "/api/v1/checklist"): {401, 422, 503},
     ("get", "/api/v1/capacity"): {401, 422, 503},

@@ -159,7 +159,7 @@ def test_alembic_config_needs_no_ini() -> None:
     cfg = db.alembic_config("sqlite://")
     assert cfg.config_file_name is None
     assert Path(cfg.get_main_option("script_location") or "").joinpath("env.py").is_file()
-    assert db.head_revision() == "0007"
+    assert db.head_revision() == "0008"
 
 
 # --- inserts ---------------------------------------------------------------------------------------------------------

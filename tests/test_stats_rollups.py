@@ -26,6 +26,7 @@ from inferwatch.collector.store.record import RequestRecord
 from inferwatch.collector.store.tables import ROLLUP_STATE_TABLE, ROLLUP_TABLE, VALUES_TABLE
 from inferwatch.core.schema import E2E, QUEUE, TPOT, TTFT
 from tests.conftest import migrated_engine, postgres_schema
+from tests.support.old_schema import insert_at_revision
 
 FIELDS = (TTFT, TPOT, E2E, QUEUE)
 NOW = datetime(2024, 5, 8, 12, 0, 30, tzinfo=UTC)
@@ -329,7 +330,7 @@ def test_upgrading_to_value_blocks_folds_every_row_again(tmp_path: Path) -> None
     eng = db.make_engine(db.default_url(tmp_path))
     db.upgrade(eng, "0003")
     rows = make_rows(1200, seed=8)
-    inserts.insert_records(eng, rows)
+    insert_at_revision(eng, rows)
     r, s = ROLLUP_TABLE, ROLLUP_STATE_TABLE
     with eng.begin() as conn:  # what 0003's job left: a watermark past every row, a rollup row
         conn.execute(s.insert().values(name=rollup.STATE_NAME, folded_id=1200, updated_at=NOW))
@@ -349,7 +350,7 @@ def test_upgrading_to_day_rollups_folds_every_row_again(tmp_path: Path) -> None:
     eng = db.make_engine(db.default_url(tmp_path))
     db.upgrade(eng, "0005")
     rows = make_rows(1500, seed=10)
-    inserts.insert_records(eng, rows)
+    insert_at_revision(eng, rows)
     with eng.begin() as conn:  # what 0005's job left: a watermark past every row (and rollups without days)
         conn.execute(ROLLUP_STATE_TABLE.insert().values(name=rollup.STATE_NAME, folded_id=1500, updated_at=NOW))
     db.upgrade(eng)
@@ -375,7 +376,7 @@ def test_postgresql_upgrading_to_value_blocks_folds_every_row_again() -> None:
         eng = db.make_engine(url)
         db.upgrade(eng, "0004")
         rows = make_rows(1200, seed=9)
-        inserts.insert_records(eng, rows)
+        insert_at_revision(eng, rows)
         with eng.begin() as conn:  # what 0004's job left: a watermark past every row, no blocks
             conn.execute(ROLLUP_STATE_TABLE.insert().values(name=rollup.STATE_NAME, folded_id=1200, updated_at=NOW))
         db.upgrade(eng)

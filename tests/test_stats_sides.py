@@ -31,6 +31,7 @@ from inferwatch.collector.store.record import RequestRecord
 from inferwatch.core import vocabulary as V
 from inferwatch.core.symptoms import Status, Symptom
 from tests.conftest import migrated_engine, postgres_schema
+from tests.support.old_schema import insert_at_revision
 from tests.test_stats_rollups import NOW, answer, brute, make_rows
 
 PROXY = V.PROXY_SERVICE
@@ -272,7 +273,7 @@ def test_upgrading_folds_every_row_again_by_service(tmp_path: Path) -> None:
     eng = db.make_engine(db.default_url(tmp_path))
     db.upgrade(eng, "0006")
     mine, proxied = both_sides(600, seed=9)
-    inserts.insert_records(eng, [*mine, *proxied])
+    insert_at_revision(eng, [*mine, *proxied])
     with eng.begin() as conn:  # what 0006's job left: a watermark past every row, rollups and blocks without service
         conn.execute(
             text("INSERT INTO rollup_state (name, folded_id, updated_at) VALUES (:n, 1200, :t)"),

@@ -91,6 +91,8 @@ COMPONENTS: dict[str, str | None] = {
     "test_collector_writer.py": "collector",
     "test_diagnose.py": "collector",
     "test_diagnose_e2e.py": "collector",
+    "test_diagnose_gpu.py": "collector",
+    "test_diagnose_gpu_prometheus.py": "collector",
     "test_diagnose_proxy_fallback.py": "collector",
     "test_fault_partition.py": "collector",
     "test_grpc_protocol.py": "collector",
@@ -107,10 +109,12 @@ COMPONENTS: dict[str, str | None] = {
     "test_spool_model.py": "collector",
     "test_stats_rollups.py": "collector",
     "test_stats_sides.py": "collector",
+    "test_collector_usage.py": "collector",
     "test_webhook_hostile.py": "collector",
     # alerts and dashboards
     "test_alert_rules.py": "alerts",
     "test_alerts_generate.py": "alerts",
+    "test_cost.py": "alerts",
     "test_dashboards.py": "dashboards",
     "test_dashboards_headroom.py": "dashboards",
     # simulator
@@ -123,12 +127,15 @@ COMPONENTS: dict[str, str | None] = {
     "test_sim_triton.py": "simulator",
     "test_sim_trtllm.py": "simulator",
     "test_sim_vllm.py": "simulator",
+    "test_simulator_gpu.py": "simulator",
     # proxy
     "test_proxy.py": "proxy",
     "test_proxy_engines_next.py": "proxy",
     "test_proxy_passthrough.py": "proxy",
     "test_proxy_slow_clients.py": "proxy",
     "test_proxy_upstream.py": "proxy",
+    "test_proxy_tenants.py": "proxy",
+    "test_proxy_tenants_e2e.py": "proxy",
     # cli
     "test_cli.py": "cli",
     "test_demo_view.py": "cli",

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+from pathlib import Path
 from typing import Annotated, Literal
 
 import typer
@@ -52,6 +54,30 @@ def proxy(
         str | None,
         typer.Option(help="Serve /metrics, /healthz, /readyz on this HOST:PORT, not on --listen."),
     ] = None,
+    tenant_key_file: Annotated[
+        Path | None,
+        typer.Option(
+            help="A file holding the secret (16 bytes at least) of the keyed hash that names each tenant: "
+            "HMAC-SHA256 of the request's API key (Authorization: Bearer KEY), 16 hex digits; the key itself "
+            "is never kept. Else the environment variable INFERWATCH_TENANT_KEY; else a random secret per "
+            "process (tenant ids then change at every restart)."
+        ),
+    ] = None,
+    tenant_header: Annotated[
+        str | None,
+        typer.Option(
+            help="Name tenants by this request header's value instead (1-64 letters, digits, '._:@-'; "
+            "other values count as 'other')."
+        ),
+    ] = None,
+    tenant_top: Annotated[
+        int,
+        typer.Option(
+            help="Tenant label values the metrics keep: the busiest tenants by requests (ranked every "
+            "--tenant-period); every other request counts as tenant 'other' (0..1000). Spans carry every tenant."
+        ),
+    ] = 10,
+    tenant_period: Annotated[float, typer.Option(help="Seconds between two rankings of the busiest tenants.")] = 600.0,
     log_level: Annotated[str, typer.Option(help="Logging level.")] = "info",
     loop: Annotated[
         LoopChoice,
@@ -67,6 +93,10 @@ def proxy(
     every gap between chunks, duration, outcome (stop, length, abort, error) and tokens, as the
     llm_client_* metrics on /metrics, and one OTLP span each with --otlp-endpoint.
 
+    Tenants: each request's tenant is a keyed hash of its API key (never the key), or the value of
+    --tenant-header; the metrics keep the --tenant-top busiest (the rest: 'other'), the spans carry
+    every tenant (the collector's /api/v1/usage sums them).
+
     Faults: engine unreachable: 502; silent for --timeout: 504; the proxy out of file descriptors or at
     --max-connections: 503 (the JSON body says "side": "proxy"); a client slower than --header-timeout or
     --body-timeout: 408; a client that goes away has its engine request cancelled.
@@ -76,6 +106,7 @@ def proxy(
 
     with needs_extra("proxy", "proxy"):
         from inferwatch.proxy.server import ProxySettings, run
+        from inferwatch.proxy.tenants import MAX_TOP, TenantKeyError, TenantSettings, check_header_name, load_key
 
     try:
         host, port = parse_listen(listen)
@@ -94,6 +125,16 @@ def proxy(
             "--otlp-protocol grpc needs gRPC, which the 'proxy' extra leaves out: "
             "pip install opentelemetry-exporter-otlp-proto-grpc (or --otlp-protocol http/protobuf)"
         )
+    if not 0 <= tenant_top <= MAX_TOP:
+        raise fail(f"--tenant-top must be within 0..{MAX_TOP}, got {tenant_top}")
+    if not tenant_period > 0:
+        raise fail("--tenant-period must be positive")
+    try:
+        if tenant_header is not None:
+            check_header_name(tenant_header)
+        key, key_source = (None, "") if tenant_header is not None else load_key(tenant_key_file, os.environ)
+    except (TenantKeyError, ValueError) as exc:
+        raise fail(str(exc)) from None
     setup_logging(log_level)
     settings = ProxySettings(
         upstream=upstream,
@@ -112,8 +153,12 @@ def proxy(
         service_name=service_name,
         metrics_host=mhost,
         metrics_port=mport,
+        tenants=TenantSettings(key=key, header=tenant_header, top=tenant_top, period=tenant_period),
     )
     err.print(f"inferwatch proxy on http://{host}:{port} -> {settings.upstream_name} (engine {settings.engine_label})")
+    secret = key_source if key is not None else "a random one: ids change at restart"
+    tenants_by = f"header {tenant_header}" if tenant_header else f"hashed API key (secret: {secret})"
+    err.print(f"tenants: {tenants_by}; the {tenant_top} busiest in the metrics")
     # The per-chunk path allocates little that lives; the start-up objects need no more collecting.
     gc.collect()
     gc.freeze()

@@ -121,6 +121,8 @@ class RequestRow(Schema):
     max_tokens: int | None
     temperature: float | None
     lora_adapter: str | None
+    tenant: str | None = None
+    """who sent it, as inferwatch proxy names it (a keyed hash of the API key, or a header's value)."""
     attributes: dict[str, Any]
     """span attributes not mapped to a column."""
     received_at: IsoDateTime
@@ -241,3 +243,82 @@ class Stats(Schema):
     service: str | None = None
     """only the rows of this ``service.name``; null: any."""
     data: list[StatsGroup]
+
+
+# --- usage (chargeback) ----------------------------------------------------------------------------------------------
+
+UsageGroupBy = Literal["tenant", "model"]
+SloSource = Literal["file", "query", "none"]
+
+
+class SloCount(Schema):
+    """One latency SLO over a group's requests."""
+
+    requests: int
+    """requests the SLO applies to (its selector matches) that have the latency it reads."""
+    met: int
+    """... whose latency is at most the threshold."""
+    attainment: float | None
+    """``met / requests``; null without such requests."""
+
+
+class UsageGroup(Schema):
+    """One tenant's or model's requests in the range (or the rest beyond ``limit``, or the total)."""
+
+    key: str | None
+    """the tenant or the model; null: the rows without one (the engines' own spans have no tenant)."""
+    requests: int
+    failed: int
+    """finish reason ``error`` or ``abort``, or an error recorded."""
+    prompt_tokens: int | None
+    """sum over the requests that report it; null when none does."""
+    generation_tokens: int | None
+    slo_requests: int
+    """requests at least one latency SLO applies to (with the latency it reads)."""
+    slo_met: int
+    """... that met every latency SLO that applies to them."""
+    slo_attainment: float | None
+    """``slo_met / slo_requests``; null without such requests."""
+    slos: dict[str, SloCount]
+    """per latency SLO, by name."""
+    cost_usd: float | None = None
+    """null: the collector cannot price requests (``cost_note`` says why)."""
+
+
+class UsageSlo(Schema):
+    """A latency SLO the attainment is judged by."""
+
+    name: str
+    metric: str
+    """the request column it reads (``time_to_first_token``, ...)."""
+    threshold_seconds: float
+    selector: dict[str, str]
+    """the rows it applies to (``engine``, ``model`` or ``tenant`` equal to these)."""
+
+
+class Usage(Schema):
+    """Requests, tokens, SLO attainment and cost per tenant or model over a time range (``/api/v1/usage``)."""
+
+    group_by: UsageGroupBy
+    since: IsoDateTime
+    """the requests that finished at or after this count ..."""
+    until: IsoDateTime
+    """... and before this."""
+    side: Side
+    """the rows counted (only inferwatch proxy's rows have a tenant)."""
+    slo_source: SloSource
+    """where the latency SLOs come from: the collector's SLO file, the query's ``slo_*``, or none."""
+    slos: list[UsageSlo]
+    groups: list[UsageGroup]
+    """the busiest groups first (by requests), at most ``limit``."""
+    groups_total: int
+    """groups in the range (``groups`` holds them all unless ``truncated``)."""
+    truncated: bool
+    rest: UsageGroup | None = None
+    """the groups beyond ``limit``, summed (key null); null when none."""
+    total: UsageGroup
+    """every counted request (key null)."""
+    cost_note: str | None = None
+    """why ``cost_usd`` is null, when it is."""
+    notes: list[str] = Field(default_factory=list)
+    """SLOs of the file that could not be applied to stored rows, and why."""

@@ -3,13 +3,14 @@
 Accumulated in plain counters and bucket arrays (updated from the event loop only, so without locks)
 and exposed through a prometheus_client custom collector on a registry of the proxy's own, with the
 canonical bucket layouts of a :class:`~inferwatch.core.vocabulary.Vocabulary` (``le`` spelled by
-:func:`~inferwatch.core.vocabulary.format_le`). Every series carries ``engine`` and ``model``.
+:func:`~inferwatch.core.vocabulary.format_le`). Every series carries ``engine``, ``model`` and ``tenant``
+(a bounded set of values: :class:`~inferwatch.proxy.tenants.TopTenants`).
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 from prometheus_client.metrics_core import CounterMetricFamily, HistogramMetricFamily, Metric
@@ -50,21 +51,31 @@ HISTOGRAMS = (
 
 
 class ClientMetrics:
-    """The ``llm_client_*`` families of one proxy (one engine, any number of models)."""
+    """The ``llm_client_*`` families of one proxy (one engine, any number of models and tenants).
 
-    def __init__(self, engine: str, vocabulary: V.Vocabulary) -> None:
+    ``kept`` maps a tenant label to the value recorded now (a tenant that left the busiest since its request
+    arrived is recorded as ``other``, so that its removed series do not come back); :meth:`forget` drops the
+    series of tenants no longer kept.
+    """
+
+    def __init__(self, engine: str, vocabulary: V.Vocabulary, kept: Callable[[str], str] | None = None) -> None:
         self.engine = engine
+        self.kept = kept
         self.bounds = {spec: vocabulary.buckets(spec) for spec in HISTOGRAMS}
-        self.histograms: dict[V.MetricSpec, dict[str, Histogram]] = {spec: {} for spec in HISTOGRAMS}
-        self.requests: dict[tuple[str, str], int] = {}
-        self.prompt_tokens: dict[tuple[str, str], int] = {}
-        self.generation_tokens: dict[tuple[str, str], int] = {}
+        self.histograms: dict[V.MetricSpec, dict[tuple[str, str], Histogram]] = {spec: {} for spec in HISTOGRAMS}
+        self.requests: dict[tuple[str, str, str], int] = {}
+        self.prompt_tokens: dict[tuple[str, str, str], int] = {}
+        self.generation_tokens: dict[tuple[str, str, str], int] = {}
 
-    def observe(self, spec: V.MetricSpec, model: str, value: float) -> None:
+    def _tenant(self, tenant: str) -> str:
+        return tenant if self.kept is None else self.kept(tenant)
+
+    def observe(self, spec: V.MetricSpec, model: str, value: float, tenant: str = V.TENANT_ANONYMOUS) -> None:
         series = self.histograms[spec]
-        hist = series.get(model)
+        key = (model, self._tenant(tenant))
+        hist = series.get(key)
         if hist is None:
-            hist = series[model] = Histogram(self.bounds[spec])
+            hist = series[key] = Histogram(self.bounds[spec])
         hist.observe(value)
 
     def finished(
@@ -74,22 +85,34 @@ class ClientMetrics:
         duration: float,
         prompt: tuple[int, bool] | None,
         generated: tuple[int, bool] | None,
+        tenant: str = V.TENANT_ANONYMOUS,
     ) -> None:
         """One generation request is over: its outcome, duration and tokens (count, estimated)."""
-        self.observe(V.CLIENT_REQUEST_DURATION, model, duration)
-        key = (model, outcome)
+        tenant = self._tenant(tenant)
+        self.observe(V.CLIENT_REQUEST_DURATION, model, duration, tenant)
+        key = (model, tenant, outcome)
         self.requests[key] = self.requests.get(key, 0) + 1
         for counter, tokens in ((self.prompt_tokens, prompt), (self.generation_tokens, generated)):
             if tokens is not None:
-                k = (model, V.TRUE if tokens[1] else V.FALSE)
+                k = (model, tenant, V.TRUE if tokens[1] else V.FALSE)
                 counter[k] = counter.get(k, 0) + tokens[0]
 
+    def forget(self, tenants: Iterable[str]) -> None:
+        """Drop every series of ``tenants`` (they left the busiest: Prometheus sees their series end)."""
+        gone = set(tenants)
+        for series in self.histograms.values():
+            for key in [k for k in series if k[1] in gone]:
+                del series[key]
+        for counter in (self.requests, self.prompt_tokens, self.generation_tokens):
+            for ckey in [k for k in counter if k[1] in gone]:
+                del counter[ckey]
+
     def collect(self) -> Iterator[Metric]:
-        common = [V.LABEL_ENGINE, V.LABEL_MODEL]
+        common = [V.LABEL_ENGINE, V.LABEL_MODEL, V.LABEL_TENANT]
         for spec in HISTOGRAMS:
             hfam = HistogramMetricFamily(spec.name, spec.help, labels=common)
-            for model, hist in sorted(self.histograms[spec].items()):
-                hfam.add_metric([self.engine, model], hist.buckets(), hist.total)
+            for (model, tenant), hist in sorted(self.histograms[spec].items()):
+                hfam.add_metric([self.engine, model, tenant], hist.buckets(), hist.total)
             yield hfam
         counters = (
             (V.CLIENT_REQUESTS, V.LABEL_OUTCOME, self.requests),
@@ -97,9 +120,11 @@ class ClientMetrics:
             (V.CLIENT_GENERATION_TOKENS, V.LABEL_ESTIMATED, self.generation_tokens),
         )
         for spec, label, values in counters:
-            cfam = CounterMetricFamily(spec.name, spec.help, labels=[*common, label])
-            for (model, value), count in sorted(values.items()):
-                cfam.add_metric([self.engine, model, value], float(count))
+            # the canonical label order (V.LABEL_ORDER): outcome before tenant
+            labels = [V.LABEL_ENGINE, V.LABEL_MODEL, label, V.LABEL_TENANT]
+            cfam = CounterMetricFamily(spec.name, spec.help, labels=labels)
+            for (model, tenant, value), count in sorted(values.items()):
+                cfam.add_metric([self.engine, model, value, tenant], float(count))
             yield cfam
 
 

@@ -103,6 +103,10 @@ class Exchange:
     adapter: str | None
     start: float
     metrics: ClientMetrics
+    tenant: str = V.TENANT_ANONYMOUS
+    """who sent it (:mod:`~inferwatch.proxy.tenants`): its span's."""
+    tenant_label: str = V.TENANT_ANONYMOUS
+    """its ``tenant`` label value in the metrics (the tenant, or ``other`` beyond the busiest)."""
     status: int = 0
     streamed: bool = False
     first_content: float | None = None
@@ -147,9 +151,9 @@ class Exchange:
         if reading.content and self.streamed:
             if self.first_content is None:
                 self.first_content = now
-                self.metrics.observe(V.CLIENT_TIME_TO_FIRST_TOKEN, self.model, now - self.start)
+                self.metrics.observe(V.CLIENT_TIME_TO_FIRST_TOKEN, self.model, now - self.start, self.tenant_label)
             elif self.last_content is not None:
-                self.metrics.observe(V.CLIENT_CHUNK_GAP, self.model, now - self.last_content)
+                self.metrics.observe(V.CLIENT_CHUNK_GAP, self.model, now - self.last_content, self.tenant_label)
             self.last_content = now
         self.contents += reading.content
         self.tokens += reading.tokens
@@ -192,7 +196,7 @@ class Exchange:
         self.outcome = outcome
         prompt = (self.prompt_tokens, False) if self.prompt_tokens is not None else None
         generated = self.generated
-        self.metrics.finished(self.model, outcome, now - self.start, prompt, generated)
+        self.metrics.finished(self.model, outcome, now - self.start, prompt, generated, self.tenant_label)
         if (
             self.streamed
             and outcome in (V.OUTCOME_STOP, V.OUTCOME_LENGTH)
@@ -201,7 +205,7 @@ class Exchange:
             and generated[0] > 1
         ):
             tpot = (now - self.first_content) / (generated[0] - 1)
-            self.metrics.observe(V.CLIENT_TIME_PER_OUTPUT_TOKEN, self.model, tpot)
+            self.metrics.observe(V.CLIENT_TIME_PER_OUTPUT_TOKEN, self.model, tpot, self.tenant_label)
         return outcome
 
     @property

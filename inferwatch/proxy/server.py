@@ -5,7 +5,8 @@ aiohttp client session.
 Every request goes to the upstream with its method, path, query, body and headers (``Authorization``
 included) minus the hop-by-hop ones; the response comes back with its status and headers, and every
 read of its body is written to the client as soon as it arrives (not decompressed, not re-encoded).
-Generation requests (:mod:`~inferwatch.proxy.apis`) are measured on the way (:class:`Exchange`).
+Generation requests (:mod:`~inferwatch.proxy.apis`) are measured on the way (:class:`Exchange`), by tenant
+(:mod:`~inferwatch.proxy.tenants`: a keyed hash of the API key, which itself is read and forgotten).
 
 Faults: upstream refusing or unreachable → 502, no answer within the timeout → 504 (both with a
 JSON body naming the upstream, ``"side": "upstream"``); the proxy's own exhaustion (no file descriptor
@@ -38,10 +39,12 @@ from inferwatch.proxy import apis as A
 from inferwatch.proxy.client_metrics import CONTENT_TYPE, ClientMetrics, registry_for, render
 from inferwatch.proxy.limits import ConnectionLimits, error_body, exhausted, protocol_factory, request_factory
 from inferwatch.proxy.measure import Exchange
+from inferwatch.proxy.tenants import Tenants, TenantSettings, TopTenants
 from inferwatch.proxy.tracing import (
     CONTENT_CHUNKS,
     LORA_ADAPTER,
     OUTCOME,
+    TENANT,
     TOKENS_ESTIMATED,
     OtlpProtocol,
     SpanSink,
@@ -114,6 +117,8 @@ class ProxySettings:
     max_models: int = 100
     """distinct model label values at most (the rest are ``unknown``): clients choose these strings."""
     discover_models: bool = True
+    tenants: TenantSettings = field(default_factory=TenantSettings)
+    """who sent each request, and how many tenant label values the metrics keep (:mod:`~inferwatch.proxy.tenants`)."""
     vocabulary: V.Vocabulary = field(default_factory=V.Vocabulary)
 
     @property
@@ -135,7 +140,10 @@ class Proxy:
         self.base = settings.upstream.rstrip("/")
         self.apis = A.engine_apis(settings.engine)
         self.upstream_info = A.ENGINE_UPSTREAM.get(settings.engine or "", A.Upstream())
-        self.metrics = ClientMetrics(settings.engine_label, settings.vocabulary)
+        self.tenants = Tenants(settings.tenants)
+        self.top_tenants = TopTenants(settings.tenants.top, settings.tenants.period)
+        self.metrics = ClientMetrics(settings.engine_label, settings.vocabulary, self.top_tenants.kept)
+        self.top_tenants.on_evict = self.metrics.forget
         self.registry = registry_for(self.metrics)
         self.spans = spans
         if spans is None and settings.otlp_endpoint:
@@ -337,7 +345,8 @@ class Proxy:
             parsed = None  # the engine answers it
         ask = api.ask(parsed, match)
         model, adapter = self.resolve(ask)
-        return Exchange(api, ask, model, adapter, start, self.metrics)
+        tenant = self.tenants.of(request.headers)
+        return Exchange(api, ask, model, adapter, start, self.metrics, tenant, self.top_tenants.label(tenant))
 
     def failure(self, status: int, kind: str, message: str) -> web.StreamResponse:
         if self.upstream_ok:
@@ -491,6 +500,7 @@ class Proxy:
             "server.address": URL(self.settings.upstream).host,
             "server.port": URL(self.settings.upstream).port,
             LORA_ADAPTER: ex.adapter,
+            TENANT: ex.tenant,
             OUTCOME: ex.outcome,
             TOKENS_ESTIMATED: generated[1] if generated else None,
             CONTENT_CHUNKS: ex.contents if ex.streamed else None,

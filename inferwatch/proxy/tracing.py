@@ -28,6 +28,9 @@ LORA_ADAPTER: Final = "inferwatch.lora_adapter"
 OUTCOME: Final = "inferwatch.proxy.outcome"
 TOKENS_ESTIMATED: Final = "inferwatch.proxy.output_tokens_estimated"
 CONTENT_CHUNKS: Final = "inferwatch.proxy.content_chunks"
+TENANT: Final = "inferwatch.tenant"
+"""Who sent the request (:mod:`~inferwatch.proxy.tenants`: the API key's keyed hash, or the tenant header's
+value; never the key); the collector's GenAI source stores it in the ``tenant`` column."""
 
 
 class SpanSink:

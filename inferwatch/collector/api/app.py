@@ -17,7 +17,7 @@ from fastapi import FastAPI
 from sqlalchemy import Engine
 
 from inferwatch.collector.api.headers import SecurityHeaders
-from inferwatch.collector.api.routes import answers, health, request_log, statistics, traces, webhooks
+from inferwatch.collector.api.routes import answers, chargeback, health, request_log, statistics, traces, webhooks
 from inferwatch.collector.service import build
 from inferwatch.collector.settings import CollectorSettings
 from inferwatch.collector.stats.rollup import RollupJob
@@ -59,6 +59,7 @@ def create_app(settings: CollectorSettings, engine: Engine | None = None, start_
     app.include_router(health.router)
     app.include_router(request_log.router, prefix=API_PREFIX)
     app.include_router(statistics.router, prefix=API_PREFIX)
+    app.include_router(chargeback.router, prefix=API_PREFIX)
     app.include_router(answers.router, prefix=API_PREFIX)
     app.include_router(webhooks.webhook_router, prefix=API_PREFIX)
     app.include_router(webhooks.api_router, prefix=API_PREFIX)

@@ -58,6 +58,8 @@ class RequestRecord:
     max_tokens: int | None = None
     temperature: float | None = None
     lora_adapter: str | None = None
+    tenant: str | None = None
+    """who sent the request, as ``inferwatch proxy`` names it (the API key's keyed hash, or a header's value)."""
     attributes: dict[str, Any] = field(default_factory=dict)
     """every span attribute not mapped to a column (OTLP values as JSON)."""
 

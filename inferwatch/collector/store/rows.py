@@ -357,6 +357,7 @@ _TEXT_FIELDS: Final = (
     "finish_reason",
     "error",
     "lora_adapter",
+    "tenant",
 )
 NUL: Final = "\x00"
 _PG_BAD_TEXT: Final = re.compile("[\x00\ud800-\udfff]")

@@ -145,6 +145,7 @@ REQUEST_TABLE: Final = Table(
     Column("max_tokens", BigInteger),
     Column("temperature", Double),
     Column("lora_adapter", String),
+    Column("tenant", String),
     Column("attributes", JSON_TYPE, nullable=False),
     Column("received_at", UTCDateTime, nullable=False),
     UniqueConstraint("trace_id", "span_id"),

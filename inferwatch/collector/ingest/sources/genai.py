@@ -42,6 +42,8 @@ CLAIM_KEYS: Final = frozenset({OPERATION, *INPUT_TOKENS, *OUTPUT_TOKENS, REQUEST
 NOT_MODEL_CALLS: Final = frozenset({"execute_tool", "create_agent", "invoke_agent", "invoke_workflow"})
 LORA_ADAPTER: Final = "inferwatch.lora_adapter"
 """The request's LoRA adapter, which no GenAI convention names (``inferwatch proxy`` sets it)."""
+TENANT: Final = "inferwatch.tenant"
+"""Who sent the request, as ``inferwatch proxy`` names it (a keyed hash of the API key, or a header's value)."""
 
 COLUMNS: Final[dict[str, Column]] = {
     "gen_ai.usage.cache_read.input_tokens": Column(R.CACHED_TOKENS, "int"),
@@ -50,6 +52,7 @@ COLUMNS: Final[dict[str, Column]] = {
     "gen_ai.request.max_tokens": Column("max_tokens", "int"),
     "gen_ai.request.temperature": Column("temperature", "float"),
     LORA_ADAPTER: Column("lora_adapter", "str"),
+    TENANT: Column("tenant", "str"),
 }
 
 

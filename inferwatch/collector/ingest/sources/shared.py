@@ -390,7 +390,16 @@ def model_of(view: SpanView) -> str | None:
 LATENCIES: Final = (*(f for f in R.LATENCY_FIELDS if f != R.TPOT), R.TPOT)
 """The latency columns, the derived TPOT last (a reason names what the engine sent where it can)."""
 TOKEN_FIELDS: Final = (R.PROMPT_TOKENS, R.GENERATION_TOKENS, R.CACHED_TOKENS, "max_tokens")
-TEXT_FIELDS: Final = ("request_id", "model", "instance", "service", "finish_reason", "error", "lora_adapter")
+TEXT_FIELDS: Final = (
+    "request_id",
+    "model",
+    "instance",
+    "service",
+    "finish_reason",
+    "error",
+    "lora_adapter",
+    "tenant",
+)
 NUL: Final = "\x00"
 REPLACEMENT: Final = "\ufffd"
 

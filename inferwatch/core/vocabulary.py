@@ -36,6 +36,7 @@ from inferwatch.core.vocabulary_names import (
     LABEL_OUTCOME,
     LABEL_REASON,
     LABEL_TARGET,
+    LABEL_TENANT,
     format_le,
 )
 from inferwatch.core.vocabulary_spec import *  # noqa: F403
@@ -448,7 +449,7 @@ CLIENT_REQUESTS: Final = MetricSpec(
     "Generation requests finished at the proxy, by outcome: stop, length, abort (the client went away "
     "before the end; the upstream request was cancelled) or error (an error status, the upstream failed "
     "or timed out, or the stream was cut).",
-    labels=(LABEL_OUTCOME,),
+    labels=(LABEL_OUTCOME, LABEL_TENANT),
 )
 CLIENT_PROMPT_TOKENS: Final = MetricSpec(
     "client_prompt_tokens",
@@ -457,7 +458,7 @@ CLIENT_PROMPT_TOKENS: Final = MetricSpec(
     "tokens",
     "Prompt tokens of the requests through the proxy, from the response's usage (estimated=false) or "
     "counted by the proxy (estimated=true).",
-    labels=(LABEL_ESTIMATED,),
+    labels=(LABEL_ESTIMATED, LABEL_TENANT),
 )
 CLIENT_GENERATION_TOKENS: Final = MetricSpec(
     "client_generation_tokens",
@@ -466,7 +467,7 @@ CLIENT_GENERATION_TOKENS: Final = MetricSpec(
     "tokens",
     "Generated tokens of the requests through the proxy, from the response's usage (estimated=false) or "
     "counted by the proxy, one per content chunk (estimated=true).",
-    labels=(LABEL_ESTIMATED,),
+    labels=(LABEL_ESTIMATED, LABEL_TENANT),
 )
 CLIENT_METRICS: Final[tuple[MetricSpec, ...]] = (
     CLIENT_TIME_TO_FIRST_TOKEN,

@@ -89,6 +89,13 @@ class OnCall:
             self.client = httpx.AsyncClient(follow_redirects=True)
         return self.client
 
+    async def cost_per_million(self, at: float, seconds: int) -> dict[str, float]:
+        """Per model, USD per million generated tokens over the ``seconds`` before ``at`` (Prometheus' cost
+        records); :class:`NotConfigured` without Prometheus, :class:`UpstreamError` when it fails."""
+        if not self.prometheus_url:
+            raise NotConfigured("no Prometheus (--prometheus-url) to read the cost records from")
+        return await prometheus.read_cost_per_million(self._client(), self.prometheus_url, at, seconds, self.timeout)
+
     async def close(self) -> None:
         if self.client is not None:
             await self.client.aclose()

@@ -379,3 +379,20 @@ def _gpu_readings(fleet: Fleet, by_name: Mapping[str, list[dict[str, object]]], 
                 GPU_THROTTLE_TIME_QUERY: target.gpus.throttle_time,
                 GPU_XID_QUERY: target.gpus.xids,
             }[name].append(found)
+
+
+async def read_cost_per_million(
+    client: httpx.AsyncClient, base_url: str, at: float, seconds: int, timeout: float
+) -> dict[str, float]:
+    """Per model, the mean of the recorded USD per million generated tokens over the ``seconds`` before ``at``
+    (the rules' all-in cost of a model's GPUs over its generated tokens, docs/cost.md); models without the
+    record (no GPU series, no price) are absent."""
+    record = V.COST_PER_MILLION_GENERATION_RECORD
+    promql = f"avg by ({V.LABEL_MODEL}) (avg_over_time({record}[{max(60, seconds)}s]))"
+    result = await api_get(client, base_url, "query", {"query": promql, "time": f"{at:.3f}"}, timeout)
+    out: dict[str, float] = {}
+    for item in result:
+        value, model = _value(item), _labels(item).get(V.LABEL_MODEL)
+        if model and math.isfinite(value) and value >= 0:
+            out[model] = value
+    return out

@@ -11,12 +11,16 @@ selects on another label is left out, with a note) and that have the latency it 
 no TTFT). A request meets it when the latency is at most the threshold: the ``le`` of the SLI's histogram. Per
 group: per SLO, and over all (the requests some SLO applies to, and those that met every SLO that applies).
 
-**Cost.** The SLO file's ``cost:`` section prices GPU-hours; a request row holds no GPU time, so the collector
-cannot price a group's requests: ``cost_usd`` is null and ``cost_note`` says where the cost per token is.
+**Cost.** A request row holds no GPU time; the cost comes from Prometheus: per model, the rules' USD per million
+generated tokens over the range (the model's GPUs' whole cost, at the SLO file's prices, over its generated
+tokens: docs/cost.md). A group's cost is the sum over models of its generated tokens times that price: its share
+of each model's GPUs by generated tokens. Without Prometheus or the records ``cost_usd`` is null and ``cost_note``
+says why; tokens of a model without a record are left out of the cost, with a note.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Final
@@ -198,8 +202,10 @@ def compute_usage(
     limit: int,
     cost_note: str | None,
     notes: list[str] | None = None,
+    prices: Mapping[str, float] | None = None,
 ) -> Usage:
-    """The usage of the rows ``filters`` selects, by ``group_by``: at most ``limit`` groups, the rest summed."""
+    """The usage of the rows ``filters`` selects, by ``group_by``: at most ``limit`` groups, the rest summed;
+    with ``prices`` (USD per million generated tokens per model), each group's cost."""
     t = REQUEST_TABLE
     key = t.c[group_by]
     conds = filters.conditions()
@@ -216,9 +222,23 @@ def compute_usage(
         rows = [tuple(r) for r in conn.execute(grouped)]
         total = _Counts.of(tuple(conn.execute(select(*cols).where(*conds)).one()), len(slos))
         groups_total = int(conn.execute(distinct).scalar_one())
+        by_model: list[tuple[Any, ...]] = []
+        if prices is not None and rows:
+            t_model, gen = t.c.model, func.sum(t.c[GENERATION_TOKENS])
+            listed_keys = [r[0] for r in rows]
+            per = select(key, t_model, gen).where(*conds, key.in_(listed_keys)).group_by(key, t_model)
+            by_model = [(False, *r) for r in conn.execute(per)]
+            by_model += [(True, None, *r) for r in conn.execute(select(t_model, gen).where(*conds).group_by(t_model))]
     listed = [(r[0], _Counts.of(r[1:], len(slos))) for r in rows]
     truncated = groups_total > len(listed)
     rest = total.minus([c for _, c in listed]) if truncated else None
+    groups = [c.group(k, slos) for k, c in listed]
+    rest_group = rest.group(None, slos) if rest is not None else None
+    total_group = total.group(None, slos)
+    if prices is not None:
+        unpriced = _price(groups, rest_group, total_group, by_model, prices)
+        if unpriced:
+            notes = [*(notes or []), f"no cost record for model(s) {', '.join(unpriced)}: their tokens are not costed"]
     return Usage(
         group_by=group_by,
         since=filters.since,
@@ -226,11 +246,42 @@ def compute_usage(
         side=filters.side,
         slo_source=slo_source,
         slos=[s.schema() for s in slos],
-        groups=[c.group(k, slos) for k, c in listed],
+        groups=groups,
         groups_total=groups_total,
         truncated=truncated,
-        rest=rest.group(None, slos) if rest is not None else None,
-        total=total.group(None, slos),
+        rest=rest_group,
+        total=total_group,
         cost_note=cost_note,
         notes=notes or [],
     )
+
+
+def _price(
+    groups: list[UsageGroup],
+    rest: UsageGroup | None,
+    total: UsageGroup,
+    by_model: list[tuple[Any, ...]],
+    prices: Mapping[str, float],
+) -> list[str]:
+    """Set each group's ``cost_usd`` (its generated tokens per model times the model's USD per million; rows of
+    ``by_model``: (is the total, group key, model, tokens)); the rest is the total less the listed groups.
+    Returns the models with tokens and no price (sorted, at most 20)."""
+    cost: dict[Any, float] = {}
+    whole = 0.0
+    unpriced: set[str] = set()
+    for is_total, key, model, tokens in by_model:
+        price = prices.get(model) if model is not None else None
+        if price is None:
+            if tokens and is_total:
+                unpriced.add(str(model))
+            continue
+        if is_total:
+            whole += _int(tokens) * price / 1e6
+        else:
+            cost[key] = cost.get(key, 0.0) + _int(tokens) * price / 1e6
+    for g in groups:
+        g.cost_usd = round(cost.get(g.key, 0.0), 6)
+    total.cost_usd = round(whole, 6)
+    if rest is not None:
+        rest.cost_usd = round(max(0.0, total.cost_usd - sum(g.cost_usd or 0.0 for g in groups)), 6)
+    return sorted(unpriced)[:20]

@@ -18,11 +18,12 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
 from inferwatch.collector.api.deps import READ_RESPONSES, CollectorDep, StatsEngineDep, require_read
 from inferwatch.collector.api.routes.request_log import DB_RESPONSES, parse_time, query
 from inferwatch.collector.api.routes.statistics import Slo
+from inferwatch.collector.diagnosis.diagnoser import NotConfigured
+from inferwatch.collector.diagnosis.signals import UpstreamError
 from inferwatch.collector.schemas import ErrorBody, Side, SloSource, Usage, UsageGroup, UsageGroupBy
 from inferwatch.collector.stats import listing, usage
 from inferwatch.core import vocabulary as V
 from inferwatch.core.schema import E2E, QUEUE, TPOT, TTFT
-from inferwatch.core.slo import SLOFile, decimal_text
 
 MAX_RANGE: Final = timedelta(days=366)
 """A year and a day: a billing period of any length up to a year."""
@@ -39,19 +40,26 @@ router = APIRouter(
 )
 
 
-def cost_note(slos: SLOFile | None) -> str:
-    """Why the usage has no cost (the request store holds no GPU time), and where the cost per token is."""
-    cost = slos.cost if slos is not None else None
-    if cost is None:
-        return (
-            "the collector's SLO file has no cost: section (GPU prices), and stored requests carry no GPU time: "
-            "no cost can be given"
+async def prices(collector: Any, until: datetime, seconds: int) -> tuple[dict[str, float] | None, str | None]:
+    """Per model, USD per million generated tokens over the range (Prometheus' cost records), or None and why."""
+    record = V.COST_PER_MILLION_GENERATION_RECORD
+    try:
+        found = await collector.oncall.cost_per_million(until.timestamp(), seconds)
+    except NotConfigured:
+        return None, (
+            "no cost: the collector has no Prometheus (--prometheus-url) to read the cost records from, and stored "
+            f"requests carry no GPU time ({record} per model, docs/cost.md)"
         )
-    return (
-        f"the SLO file prices GPU-hours (default {decimal_text(cost.gpu_hour_usd)} USD), but stored requests carry "
-        "no GPU time, so the collector cannot price a group's requests; per model, Prometheus records "
-        f"{V.COST_PER_MILLION_GENERATION_RECORD} and {V.COST_PER_MILLION_PROMPT_RECORD} (USD per million tokens, "
-        "docs/cost.md): times a group's tokens / 1e6, an estimate of its share"
+    except UpstreamError as exc:
+        return None, f"no cost: {exc}"
+    if not found:
+        return None, (
+            f"no cost: Prometheus has no {record} over the range (the SLO file needs a cost: section, and the "
+            "exporters the GPUs of each replica: docs/cost.md)"
+        )
+    return found, (
+        f"cost_usd: a group's generated tokens per model times the model's mean {record} over the range (its "
+        "share of the model's GPUs by generated tokens, an estimate: docs/cost.md)"
     )
 
 
@@ -153,7 +161,7 @@ async def get_usage(
 ) -> Usage | Response:
     """Per tenant or model over a time range: requests, failed requests, prompt and generated tokens, the
     share of requests that met the latency SLOs (the collector's SLO file, or the ``slo_*`` given here), and
-    the cost (null, with ``cost_note`` saying why).
+    the cost from Prometheus' per-model cost records (null without them; ``cost_note`` says how or why not).
 
     The busiest groups first, at most ``limit``; ``rest`` sums the others and ``total`` every request, so the
     figures add up whatever the limit. CSV: one line per group, then ``rest`` and ``total`` (column ``row``).
@@ -183,6 +191,7 @@ async def get_usage(
         engine=_filter(llm_engine, "engine"),
         model=_filter(model, "model"),
     )
+    per_model, why = await prices(collector, end, int((end - start).total_seconds()))
     answer = await query(
         usage.compute_usage,
         collector=collector,
@@ -192,7 +201,8 @@ async def get_usage(
         slos=slos,
         slo_source=source,
         limit=limit,
-        cost_note=cost_note(file),
+        cost_note=why,
+        prices=per_model,
         notes=notes,
     )
     if wants_csv(fmt, request.headers.get("accept")):

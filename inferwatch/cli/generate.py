@@ -199,6 +199,15 @@ def generate_kubernetes(
             "namespace monitoring).",
         ),
     ] = None,
+    gpu_source: Annotated[
+        str | None,
+        typer.Option(
+            metavar="URL",
+            help="Join each engine pod's GPUs: its exporter reads this dcgm-exporter URL and keeps the GPUs "
+            "dcgm-exporter labels with its pod (e.g. http://$(HOST_IP):9400/metrics, where the DaemonSet listens "
+            "on the node; HOST_IP, POD_NAME and POD_NAMESPACE come from the downward API). docs/gpu.md.",
+        ),
+    ] = None,
 ) -> None:
     """Kubernetes manifests: the collector, exporter and proxy sidecars, PodMonitors, the
     PrometheusRule, an AlertmanagerConfig and the dashboards as ConfigMaps.
@@ -232,6 +241,10 @@ def generate_kubernetes(
         options = replace(options, prometheus_operator_labels=labels)
     if image:
         options = replace(options, image=image)
+    if gpu_source:
+        if not gpu_source.startswith(("http://", "https://")):
+            raise fail(f"--gpu-source must start with http:// or https://, got {gpu_source!r}")
+        options = replace(options, gpu_source=gpu_source)
     vocab = load_settings().vocabulary()
     spec, _ = _load_slos(slo, vocab)
     _write({out / name: content for name, content in generate(spec, vocab, options).items()}, check, "kubernetes")

@@ -30,6 +30,10 @@ COLLECTOR_HTTP_PORT: Final = 4318
 COLLECTOR_GRPC_PORT: Final = 4317
 """OTLP/gRPC."""
 EXPORTER_PORT: Final = 9400
+POD_NAME_ENV: Final = "POD_NAME"
+POD_NAMESPACE_ENV: Final = "POD_NAMESPACE"
+"""The pod's name and namespace from the downward API: an exporter joining its pod's GPUs reads them
+(``--gpu-pod-from-env``), and the generated sidecars set them."""
 """The exporter's /metrics and probes (TGI's own ``--prometheus-port`` 9000 must stay free: docs/deploy.md)."""
 PROXY_PORT: Final = 8080
 """Where the proxy takes the clients' requests (the ``proxy`` command's default port)."""

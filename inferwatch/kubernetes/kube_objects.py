@@ -78,6 +78,9 @@ class KubeOptions:
     """the GrafanaDashboards' ``instanceSelector``: the labels of the Grafana resource to import into."""
     prometheus_url: str | None = "http://kube-prometheus-stack-prometheus.monitoring.svc:9090"
     """the Prometheus the collector's diagnosis and SLO status read (kube-prometheus-stack's, by default)."""
+    gpu_source: str | None = None
+    """dcgm-exporter's URL as an engine pod reaches it (``$(HOST_IP)`` expands): each exporter sidecar joins the
+    GPUs dcgm-exporter labels with its own pod (docs/gpu.md); None: no GPU series."""
 
     def collector_host(self) -> str:
         """The collector's Service, as pods of any namespace reach it."""

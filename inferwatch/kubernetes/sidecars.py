@@ -71,7 +71,7 @@ def exporter_container(engine: str, options: KubeOptions, *, example: bool = Fal
     args = topology.exporter_args(
         engine, facts.exporter_target("localhost"), model=model, options=_exporter_options(engine, example)
     )
-    return {
+    container: dict[str, Any] = {
         "name": EXPORTER_CONTAINER,
         "image": options.image,
         "imagePullPolicy": "IfNotPresent",
@@ -82,6 +82,23 @@ def exporter_container(engine: str, options: KubeOptions, *, example: bool = Fal
         "resources": resources(("50m", "500m"), ("64Mi", "128Mi")),
         "securityContext": container_security_context(),
     }
+    if options.gpu_source is not None:
+        # the GPUs dcgm-exporter labels with this pod: its name and namespace, and the node's address
+        container["args"] = [*args, f"--gpu-source={options.gpu_source}", "--gpu-pod-from-env"]
+        container["env"] = [_downward(name, path) for name, path in GPU_ENV]
+    return container
+
+
+GPU_ENV = (
+    (topology.POD_NAME_ENV, "metadata.name"),
+    (topology.POD_NAMESPACE_ENV, "metadata.namespace"),
+    ("HOST_IP", "status.hostIP"),
+)
+"""The downward API's facts an exporter joining its pod's GPUs reads (``--gpu-pod-from-env``, the URL's host)."""
+
+
+def _downward(name: str, path: str) -> dict[str, Any]:
+    return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
 
 
 def proxy_container(engine: str, options: KubeOptions) -> dict[str, Any]:

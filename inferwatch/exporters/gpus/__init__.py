@@ -16,13 +16,14 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from inferwatch.core import topology
 from inferwatch.core import vocabulary as V
 from inferwatch.exporters import textparse
 from inferwatch.exporters.gpus import dcgm
 from inferwatch.exporters.samples import Snapshot, series_key
 
-POD_ENV = "POD_NAME"
-NAMESPACE_ENV = "POD_NAMESPACE"
+POD_ENV = topology.POD_NAME_ENV
+NAMESPACE_ENV = topology.POD_NAMESPACE_ENV
 
 
 class GpuSelectionError(ValueError):

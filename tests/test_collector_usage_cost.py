@@ -9,7 +9,6 @@ no record (``unpriced``) is left out of the cost, with a note. Total 0.9 USD.
 
 from __future__ import annotations
 
-import subprocess
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -23,8 +22,7 @@ from inferwatch.collector.settings import CollectorSettings
 from inferwatch.collector.store import inserts
 from inferwatch.collector.store.record import RequestRecord
 from inferwatch.core import vocabulary as V
-from tests.conftest import ROOT, free_port, require_tool
-from tests.support.stack import Processes, prometheus_cmd, write_prometheus_config
+from tests.support.prometheus_run import backfill, running
 
 PROXY = "inferwatch-proxy"
 PRICES = {"big": 2.0, "small": 0.5}
@@ -32,31 +30,14 @@ PRICES = {"big": 2.0, "small": 0.5}
 
 @pytest.fixture(scope="module")
 def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    promtool, binary = require_tool("promtool"), require_tool("prometheus")
     tmp = tmp_path_factory.mktemp("usage-cost-prom")
     now = int(time.time())
     lines = []
     for model, price in PRICES.items():
         for t in range(now - 3600, now, 60):
             lines.append(f'{V.COST_PER_MILLION_GENERATION_RECORD}{{model="{model}",service="llm"}} {price} {t}')
-    (tmp / "history.om").write_text("\n".join(lines) + "\n# EOF\n")
-    made = subprocess.run(
-        [promtool, "tsdb", "create-blocks-from", "openmetrics", str(tmp / "history.om"), str(tmp / "data")],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert made.returncode == 0, made.stdout + made.stderr
-    procs = Processes(tmp / "logs", cwd=ROOT)
-    try:
-        port = free_port()
-        write_prometheus_config(tmp / "prometheus.yml", {}, [])
-        procs.spawn("prometheus", prometheus_cmd(binary, tmp / "prometheus.yml", tmp / "data", port))
-        base = f"http://127.0.0.1:{port}"
-        procs.wait_http("prometheus", f"{base}/-/ready")
+    with running(tmp, data=backfill(tmp, "\n".join(lines) + "\n# EOF\n")) as base:
         yield base
-    finally:
-        procs.close()
 
 
 def _row(i: int, tenant: str, model: str, tokens: int, at: datetime) -> RequestRecord:

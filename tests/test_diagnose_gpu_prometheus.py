@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,9 +29,9 @@ from inferwatch.core import vocabulary as V
 from inferwatch.core.causes import Cause
 from inferwatch.core.engines import builtin_profiles
 from inferwatch.core.symptoms import Signal, Status, Symptom
-from tests.conftest import free_port, require_tool
+from tests.conftest import require_tool
+from tests.support.prometheus_run import running, wait_scraped
 from tests.support.promql_check import expr_test
-from tests.support.stack import Processes, prometheus_cmd, write_prometheus_config
 from tests.test_diagnose_proxy_fallback import _serve
 
 REPLICA = 'engine="vllm",model="m",instance="a:9400"'
@@ -152,31 +151,18 @@ REPLICAS = {
 @pytest.fixture
 def scraped(tmp_path: Path) -> Iterator[tuple[str, dict[str, str]]]:
     """Prometheus scraping the four pages every second; yields its URL and each model's instance."""
-    prometheus = require_tool("prometheus")
+    require_tool("prometheus")
     servers, instances = [], {}
     for name, replica in REPLICAS.items():
         server, where = _serve(replica.page)
         servers.append(server)
         instances[name] = where
-    procs = Processes(tmp_path / "logs")
     try:
-        port = free_port()
-        write_prometheus_config(tmp_path / "prometheus.yml", {"exporters": list(instances.values())}, [])
-        procs.spawn("prometheus", prometheus_cmd(prometheus, tmp_path / "prometheus.yml", tmp_path / "data", port))
-        base = f"http://127.0.0.1:{port}"
-        procs.wait_http("prometheus", f"{base}/-/ready")
-        deadline = time.monotonic() + 30
-        query = f"count(count_over_time({V.REQUESTS_RUNNING.name}[1m]) >= 4)"
-        while time.monotonic() < deadline:  # four scrapes of each page: rates over the window exist
-            result = httpx.get(f"{base}/api/v1/query", params={"query": query}, timeout=5).json()["data"]["result"]
-            if result and float(result[0]["value"][1]) == len(REPLICAS):
-                break
-            time.sleep(0.5)
-        else:
-            pytest.fail("Prometheus did not scrape every page four times in 30 s")
-        yield base, instances
+        with running(tmp_path, {"exporters": list(instances.values())}) as base:
+            if not wait_scraped(base, len(REPLICAS)):
+                pytest.fail("Prometheus did not scrape every page four times in 30 s")
+            yield base, instances
     finally:
-        procs.close()
         for server in servers:
             server.shutdown()
             server.server_close()

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -28,9 +27,9 @@ from inferwatch.core import vocabulary as V
 from inferwatch.core.engines import builtin_profiles
 from inferwatch.core.symptoms import Signal, Status, Symptom
 from inferwatch.proxy.client_metrics import ClientMetrics, registry_for, render
-from tests.conftest import free_port, require_tool
+from tests.conftest import require_tool
+from tests.support.prometheus_run import running, wait_scraped
 from tests.support.promql_check import expr_test
-from tests.support.stack import Processes, prometheus_cmd, write_prometheus_config
 
 LACKING = V.ENGINE_LLAMACPP
 """an engine whose exporter has no latency histogram and no finished-request counter."""
@@ -201,7 +200,7 @@ def _p99_in_bucket(spec: V.MetricSpec, value: float) -> float:
 def scraped(tmp_path: Path) -> Iterator[tuple[str, dict[str, str]]]:
     """Prometheus scraping two exporters (one engine with, one without the histograms) and a proxy in front
     of each; yields its URL and the exporters' instances."""
-    prometheus = require_tool("prometheus")
+    require_tool("prometheus")
     servers, instances = [], {}
     jobs: dict[str, list[str]] = {"exporters": [], "proxies": []}
     for engine, ttft in ((LACKING, False), (HAVING, True)):
@@ -212,23 +211,11 @@ def scraped(tmp_path: Path) -> Iterator[tuple[str, dict[str, str]]]:
         server, where = _serve(ProxyTraffic(engine).page)
         servers.append(server)
         jobs["proxies"].append(where)
-    procs = Processes(tmp_path / "logs")
     try:
-        port = free_port()
-        write_prometheus_config(tmp_path / "prometheus.yml", jobs, [])
-        procs.spawn("prometheus", prometheus_cmd(prometheus, tmp_path / "prometheus.yml", tmp_path / "data", port))
-        base = f"http://127.0.0.1:{port}"
-        procs.wait_http("prometheus", f"{base}/-/ready")
-        deadline = time.monotonic() + 30
-        query = f"count(count_over_time({V.REQUESTS_RUNNING.name}[1m]) >= 4)"
-        while time.monotonic() < deadline:  # four scrapes of each exporter: rates over the window exist
-            result = httpx.get(f"{base}/api/v1/query", params={"query": query}, timeout=5).json()["data"]["result"]
-            if result and float(result[0]["value"][1]) == 2:
-                break
-            time.sleep(0.5)
-        yield base, instances
+        with running(tmp_path, jobs) as base:
+            wait_scraped(base, 2)
+            yield base, instances
     finally:
-        procs.close()
         for server in servers:
             server.shutdown()
             server.server_close()

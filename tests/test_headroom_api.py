@@ -33,37 +33,18 @@ from inferwatch.core.headroom_inputs import windows
 from inferwatch.core.slo import load
 from inferwatch.core.symptoms import Status, Symptom
 from tests.alerts import make_headroom as S
-from tests.conftest import ROOT, free_port, require_tool
+from tests.conftest import ROOT
 from tests.support.httpserver import serving
-from tests.support.stack import Processes, prometheus_cmd, write_prometheus_config
+from tests.support.prometheus_run import backfill, running
 
 SLOS = load(ROOT / "alerts" / "slos.yaml", V.Vocabulary())
 
 
 @pytest.fixture(scope="module")
 def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    promtool, binary = require_tool("promtool"), require_tool("prometheus")
     tmp = tmp_path_factory.mktemp("headroom-prom")
-    (tmp / "history.om").write_text(S.openmetrics(time.time()))
-    import subprocess
-
-    made = subprocess.run(
-        [promtool, "tsdb", "create-blocks-from", "openmetrics", str(tmp / "history.om"), str(tmp / "data")],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert made.returncode == 0, made.stdout + made.stderr
-    procs = Processes(tmp / "logs", cwd=ROOT)
-    try:
-        port = free_port()
-        write_prometheus_config(tmp / "prometheus.yml", {}, [])
-        procs.spawn("prometheus", prometheus_cmd(binary, tmp / "prometheus.yml", tmp / "data", port))
-        base = f"http://127.0.0.1:{port}"
-        procs.wait_http("prometheus", f"{base}/-/ready")
+    with running(tmp, data=backfill(tmp, S.openmetrics(time.time()))) as base:
         yield base
-    finally:
-        procs.close()
 
 
 def _oncall_headroom(prometheus: str) -> HeadroomReport:

@@ -33,6 +33,13 @@ Problem = tuple[str, str]
 DEFAULT_GPU_TIMEOUT_SECONDS = 2.0
 
 
+def http_url(value: str) -> str:
+    """``value`` when it is an http(s) URL; else ValueError saying so (an engine's or a GPU source's url)."""
+    if not value.startswith(("http://", "https://")):
+        raise ValueError(f"url must start with http:// or https://, got {value!r}")
+    return value
+
+
 class GpuSourceConfig(BaseModel):
     """Where the GPUs of one engine target are described (NVIDIA dcgm-exporter's page) and which of its
     GPUs are this target's: by UUID (preferred: NVML's index order may differ from CUDA's), by host and
@@ -59,9 +66,7 @@ class GpuSourceConfig(BaseModel):
     @field_validator("url")
     @classmethod
     def _url(cls, value: str) -> str:
-        if not value.startswith(("http://", "https://")):
-            raise ValueError(f"url must start with http:// or https://, got {value!r}")
-        return value
+        return http_url(value)
 
     @model_validator(mode="after")
     def _one_selection(self) -> GpuSourceConfig:
@@ -109,9 +114,7 @@ class TargetConfig(BaseModel):
     @field_validator("url")
     @classmethod
     def _url(cls, value: str) -> str:
-        if not value.startswith(("http://", "https://")):
-            raise ValueError(f"url must start with http:// or https://, got {value!r}")
-        return value
+        return http_url(value)
 
     @field_validator("labels")
     @classmethod

@@ -134,7 +134,8 @@ def normal() -> list[Scrape]:
 
 @pytest.fixture(scope="module")
 def throttled() -> list[Scrape]:
-    return run("throttled", at=(20.0, 60.0), gpus=2)
+    """At ``normal``'s load (steady), not the profile's own: the TPOT ratio is then the clock's alone."""
+    return run("throttled", at=(20.0, 60.0), gpus=2, profile="steady")
 
 
 # -- the page's shape ---------------------------------------------------------------------------
@@ -256,6 +257,26 @@ def test_throttled_sets_power_cap_lowers_the_clock_and_slows_tpot(
     clock_ratio = BOOST_CLOCK_MHZ / later.mean(SM_CLOCK, 2)
     assert ratio > 1.3, f"throttled TPOT only {ratio:.2f}x normal"
     assert ratio > 0.8 * clock_ratio
+
+
+def test_throttled_brings_a_load_served_at_boost_clock_and_not_at_the_cap() -> None:
+    """The profile's own load (near-capacity): the queue grows while the GPU is capped, the batch full at
+    its sequence slots, the KV cache not full; the same load on a GPU at boost clock leaves it near empty."""
+    at = tuple(float(t) for t in range(20, 61, 5))
+    capped = run("throttled", at=at)
+    boost = run("throttled", at=at, switch_at=(0.0, "normal"))
+    assert capped[0].state["profile"] == boost[0].state["profile"] == "near-capacity"
+    assert boost[0].state["gpu_profile"] == "normal"
+    waiting = [s.engine.value(V.REQUESTS_WAITING) for s in capped]
+    assert all(w > 5 for w in waiting) and waiting[-1] > waiting[0] + 60, f"no backlog at the cap: {waiting}"
+    for s in capped:
+        assert s.gpu(SM_CLOCK) < 0.7 * BOOST_CLOCK_MHZ and int(s.gpu(CLOCK_EVENTS)) & CLOCK_EVENT_POWER_CAP
+        assert s.engine.value(V.REQUESTS_RUNNING) >= EngineParams().max_num_seqs - 4, "the batch at its slots"
+        assert s.engine.value(V.KV_CACHE_USAGE) < 0.9, "the clock limits, not the KV cache"
+    for s in boost:
+        assert s.gpu(SM_CLOCK) == BOOST_CLOCK_MHZ
+        assert s.engine.value(V.REQUESTS_WAITING) <= 4, "at boost clock the queue stays near empty"
+        assert s.engine.value(V.REQUESTS_RUNNING) < EngineParams().max_num_seqs * 0.8
 
 
 def test_client_bound_waits_with_the_gpu_mostly_idle(normal: list[Scrape]) -> None:

@@ -91,6 +91,7 @@ COMPONENTS: dict[str, str | None] = {
     "test_collector_writer.py": "collector",
     "test_diagnose.py": "collector",
     "test_diagnose_e2e.py": "collector",
+    "test_diagnose_gpu_e2e.py": "collector",
     "test_diagnose_gpu.py": "collector",
     "test_diagnose_gpu_prometheus.py": "collector",
     "test_diagnose_proxy_fallback.py": "collector",
@@ -110,6 +111,7 @@ COMPONENTS: dict[str, str | None] = {
     "test_stats_rollups.py": "collector",
     "test_stats_sides.py": "collector",
     "test_collector_usage.py": "collector",
+    "test_collector_usage_cost.py": "collector",
     "test_webhook_hostile.py": "collector",
     # alerts and dashboards
     "test_alert_rules.py": "alerts",
@@ -148,6 +150,7 @@ COMPONENTS: dict[str, str | None] = {
     "test_kubernetes_autoscaling.py": "stack",
     "test_kubernetes_probes.py": "stack",
     "test_kubernetes_validate.py": "stack",
+    "test_kubernetes_gpus.py": "stack",
     "test_scale_metrics.py": "stack",
     "test_stack.py": "stack",
     "test_wheel.py": "stack",
@@ -160,6 +163,7 @@ INTEGRATION_FILES: frozenset[str] = frozenset(
     {
         "test_alertmanager_e2e.py",
         "test_diagnose_e2e.py",
+        "test_diagnose_gpu_e2e.py",
         "test_e2e_prometheus.py",
         "test_fault_partition.py",
         "test_incident_page.py",

@@ -7,8 +7,8 @@ blocks, sequence slots) never changes at runtime, as on a real engine: the failu
 load meeting it.
 
 A GPU profile (``--gpu-profile``) sets the GPU's power limit, an XID error, and where the bottleneck
-is: a GPU profile may bring the load that shows it (``saturated`` runs ``kv-pressure``), which
-``--profile`` overrides when given.
+is: a GPU profile may bring the load that shows it (``saturated`` runs ``kv-pressure``, ``throttled`` a
+load the engine serves at boost clock and not at the capped one), which ``--profile`` overrides when given.
 """
 
 from __future__ import annotations
@@ -138,6 +138,21 @@ CLIENT_BOUND_LOAD = Profile(
     concurrency=24,
 )
 
+NEAR_CAPACITY_LOAD = Profile(
+    "near-capacity",
+    "18 rps of short requests (120-token prompts, 100-token outputs): about 80 % of what the engine serves at "
+    "boost clock, more than it serves with every step 1.6 times longer",
+    18.0,
+    120,
+    0.5,
+    100,
+    0.4,
+)
+"""The ``throttled`` profile's load: at boost clock the batch settles near 25 sequences and the queue
+stays near empty (a request waits at most for the step in flight); at the 300 W cap's clock (about
+1230 MHz) the batch fills its 64 slots and the queue grows by about 4 requests a second, as a throttled
+replica backs up. The KV cache stays under 0.8: the clock, not the memory, is what limits."""
+
 GPU_PROFILES: dict[str, GpuProfile] = {
     g.name: g
     for g in (
@@ -156,7 +171,8 @@ GPU_PROFILES: dict[str, GpuProfile] = {
         ),
         GpuProfile(
             "throttled",
-            "300 W power cap: the SM clock drops, every token takes longer",
+            "300 W cap: the SM clock drops and the queue grows (near-capacity)",
+            load=NEAR_CAPACITY_LOAD,
             power_limit=300.0,
         ),
         GpuProfile(

@@ -272,3 +272,15 @@ def test_the_command_refuses_bad_tenant_options(tmp_path: Path) -> None:
         assert "tiny-secret" not in result.output
     result = runner.invoke(app, ["proxy", "--help"], env={"COLUMNS": "200"})
     assert KEY_ENV in result.output and "--tenant-top" in result.output and "default: 10" in result.output
+
+
+def test_a_key_file_with_a_tenant_header_is_refused() -> None:
+    """The key file keys the hash of API keys; with a header naming the tenant it would be silently unused."""
+    from typer.testing import CliRunner
+
+    from inferwatch.cli import app
+
+    args = ["proxy", "--upstream", "http://127.0.0.1:1", "--tenant-header", "x-tenant", "--tenant-key-file", "k"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code != 0
+    assert "with --tenant-header the header names the tenant" in " ".join(result.output.split())

@@ -129,6 +129,8 @@ def proxy(
         raise fail(f"--tenant-top must be within 0..{MAX_TOP}, got {tenant_top}")
     if not tenant_period > 0:
         raise fail("--tenant-period must be positive")
+    if tenant_header is not None and tenant_key_file is not None:
+        raise fail("--tenant-key-file keys the hash of API keys; with --tenant-header the header names the tenant")
     try:
         if tenant_header is not None:
             check_header_name(tenant_header)

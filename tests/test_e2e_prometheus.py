@@ -28,6 +28,8 @@ from inferwatch.dashboards import gaps as coverage
 from inferwatch.dashboards.panels import Query
 from inferwatch.exporters.coverage import matrix
 from inferwatch.exporters.engines import builtin_registry
+from inferwatch.simulator.dcgm import PATH as SIM_GPU_PATH
+from inferwatch.simulator.gpus import sim_gpu_uuid
 from tests.conftest import ROOT, free_port, require_tool
 from tests.support.stack import Processes, exporter_cmd, prometheus_cmd, simulator_cmd, write_prometheus_config
 
@@ -45,6 +47,7 @@ FAST_ALERTS = {
 }
 
 FAST_HEADROOM = {"step": "5s", "window": "30s"}
+FAST_COST = {"step": "2s"}
 FITTED_RECORDS = (
     V.HEADROOM_RATIO_RECORD,
     V.CAPACITY_REQUESTS_PER_SECOND_RECORD,
@@ -84,6 +87,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     spec = parse_slos(slo_text, "slos.yaml", V.Vocabulary())
     spec = spec.model_copy(update={"alerts": spec.alerts.model_copy(update=FAST_ALERTS)})
     spec = spec.model_copy(update={"headroom": spec.headroom.model_copy(update=FAST_HEADROOM)})
+    assert spec.cost is not None, "the default SLO file prices GPU-hours (the cost panels read its rules)"
+    spec = spec.model_copy(update={"cost": spec.cost.model_copy(update=FAST_COST)})
     files = generate_alerts(spec, V.Vocabulary())
     (tmp / "rules.yml").write_text(files["rules.yml"])
     procs = Processes(tmp / "logs", cwd=ROOT)
@@ -96,7 +101,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             exporters[engine] = f"127.0.0.1:{ep}"
             procs.spawn(f"{engine}-sim", simulator_cmd(engine, sp, model=f"{engine}-model", seed=i, speed=2))
             options = {"max_batch_total_tokens": 16384} if engine == V.ENGINE_TGI else None
-            procs.spawn(f"{engine}-exporter", exporter_cmd(engine, sims[engine], exporters[engine], options))
+            # each simulator's GPU, a dcgm-exporter-shaped page beside it: the GPU and cost panels read it
+            gpu = (f"{sims[engine]}{SIM_GPU_PATH}", sim_gpu_uuid(engine, sp, 0))
+            procs.spawn(f"{engine}-exporter", exporter_cmd(engine, sims[engine], exporters[engine], options, gpu))
         prom_port = free_port()
         jobs = {f"inferwatch-{engine}": [exporters[engine]] for engine in ENGINES}
         write_prometheus_config(tmp / "prometheus.yml", jobs, [tmp / "rules.yml"])
@@ -127,6 +134,9 @@ FEATURE_GATED: dict[str, tuple[V.MetricSpec, ...]] = {
     # what the client sees comes from inferwatch proxy, which this fleet runs without
     **{engine: V.CLIENT_METRICS for engine in (V.ENGINE_TGI, V.ENGINE_TRTLLM, V.ENGINE_TRITON)},
 }
+# every exporter here reads its simulator's GPU (so the GPU families are mapped for all), whose XID
+# series exists only once the GPU had an error (the simulators' xid profile, not run here)
+FEATURE_GATED = {e: (*FEATURE_GATED.get(e, ()), V.GPU_XID) for e in ENGINES}
 
 
 @functools.cache
@@ -140,7 +150,7 @@ def mapped_engines(metrics: tuple[V.MetricSpec, ...]) -> set[str]:
     return {
         e
         for e in ENGINES
-        if all(m[e].get(spec.key) == "mapped" or spec.health for spec in metrics)
+        if all(m[e].get(spec.key) == "mapped" or spec.health or spec in V.GPU_METRICS for spec in metrics)
         and not set(metrics) & set(FEATURE_GATED.get(e, ()))
     }
 

@@ -111,10 +111,15 @@ def simulator_cmd(
     ]
 
 
-def exporter_cmd(engine: str, target: str, listen: str, options: dict[str, Any] | None = None) -> list[str]:
+def exporter_cmd(
+    engine: str, target: str, listen: str, options: dict[str, Any] | None = None, gpu: tuple[str, str] | None = None
+) -> list[str]:
+    """``inferwatch exporter serve`` of one target; ``gpu``: its GPU source's URL and the GPU's UUID."""
     cmd = [*INFERWATCH, "exporter", "serve", "--target", target, "--engine", engine, "--listen", listen]
     for key, value in (options or {}).items():
         cmd += ["--engine-option", f"{key}={value}"]
+    if gpu is not None:
+        cmd += ["--gpu-source", gpu[0], "--gpu-uuid", gpu[1]]
     return [*cmd, "--log-level", "warning"]
 
 

@@ -1,6 +1,9 @@
 """Stats at scale: the log-bucket sketch and its bound, the rollup job (idempotent, by id watermark, one pass at a
 time), every plan of compute_stats against a brute-force answer, sketched against exact on the same rows, and the
-/stats filters. On SQLite and on PostgreSQL (a scratch schema)."""
+/stats filters. On SQLite and on PostgreSQL (a scratch schema). The expected percentiles come from an oracle of
+their own (tests/support/percentiles.py: the nearest-rank definition in integers), never from the collector's
+``nearest_rank``, which is itself checked against that oracle, hand-worked ranks and PostgreSQL's
+``percentile_disc``."""
 
 from __future__ import annotations
 
@@ -13,9 +16,11 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import Engine, func, select, update
+from sqlalchemy import Engine, create_engine, func, select, text, update
+from sqlalchemy.pool import NullPool
 
 from inferwatch.collector.api.app import create_app
 from inferwatch.collector.schemas import Stats
@@ -26,6 +31,7 @@ from inferwatch.collector.store.record import RequestRecord
 from inferwatch.collector.store.tables import ROLLUP_STATE_TABLE, ROLLUP_TABLE, VALUES_TABLE
 from inferwatch.core.schema import E2E, QUEUE, TPOT, TTFT
 from tests.conftest import migrated_engine, postgres_schema
+from tests.support import percentiles as oracle
 from tests.support.old_schema import insert_at_revision
 
 FIELDS = (TTFT, TPOT, E2E, QUEUE)
@@ -72,7 +78,7 @@ def make_rows(n: int, seed: int = 3, start: int = 0) -> list[RequestRecord]:
 
 
 def brute(rows: list[RequestRecord], since: datetime, until: datetime | None, group_by: str, **filters: str) -> Any:
-    """The expected answer: nearest-rank percentiles over the rows that ended in [since, until)."""
+    """The expected answer: the oracle's nearest-rank percentiles over the rows that ended in [since, until)."""
     groups: dict[Any, list[RequestRecord]] = {}
     for r in rows:
         if r.end_time < since or (until is not None and r.end_time >= until):
@@ -88,7 +94,7 @@ def brute(rows: list[RequestRecord], since: datetime, until: datetime | None, gr
         }
         for f in FIELDS:
             vs = sorted(getattr(r, f) for r in rs if getattr(r, f) is not None)
-            entry[f] = (len(vs), *(vs[values.nearest_rank(len(vs), q)] if vs else None for q in windowing.PERCENTILES))
+            entry[f] = (len(vs), *(vs[oracle.rank(len(vs), q) - 1] if vs else None for q in windowing.PERCENTILES))
         out[key] = entry
     return out
 
@@ -146,6 +152,52 @@ def test_sketches_merge_exactly_and_round_trip() -> None:
     big = {5: 2**33, 7: 1}
     lo, arr = sketch.decode(sketch.encode(big))
     assert (lo, list(arr)) == (5, [2**33, 0, 1])
+
+
+# --- the nearest ranks -----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("n", "q", "k"), oracle.HAND_CASES)
+def test_nearest_rank_at_and_just_past_a_whole_rank(n: int, q: float, k: int) -> None:
+    """Hand-worked: where q x n is whole, the rank is q x n itself (not one more); a value more, the next."""
+    assert oracle.rank(n, q) == k
+    assert values.nearest_rank(n, q) == k - 1
+    assert values.nearest_ranks(np.array([n], dtype=np.int64), [q])[0, 0] == k - 1
+    assert oracle.percentile_disc([float(v) for v in range(n, 0, -1)], q) == k  # unsorted in, the kth value out
+
+
+def test_nearest_ranks_agree_with_the_oracle_at_every_size() -> None:
+    sizes = np.arange(0, 5001, dtype=np.int64)
+    ranks = values.nearest_ranks(sizes, windowing.PERCENTILES)
+    for n in range(1, 5001):
+        want = [oracle.rank(n, q) - 1 for q in windowing.PERCENTILES]
+        assert [values.nearest_rank(n, q) for q in windowing.PERCENTILES] == want, n
+        assert ranks[n].tolist() == want, n
+    assert ranks[0].tolist() == [0] * len(windowing.PERCENTILES)  # no values: index 0, never read
+
+
+def test_the_oracle_is_postgresql_percentile_disc() -> None:
+    """PostgreSQL's own percentile_disc over 1..n for every n to 400 and the hand-worked sizes: the oracle's ranks
+    and the collector's nearest ranks, all equal."""
+    sizes = sorted({*range(1, 401), *(n for n, _, _ in oracle.HAND_CASES)})
+    qs = ", ".join(str(q) for q in windowing.PERCENTILES)
+    sql = (
+        f"SELECT n, percentile_disc(ARRAY[{qs}]::float8[]) WITHIN GROUP (ORDER BY v) "
+        "FROM unnest(CAST(:sizes AS int[])) AS n, generate_series(1, n) AS v GROUP BY n ORDER BY n"
+    )
+    with postgres_schema("iw_st") as url:
+        eng = create_engine(url, poolclass=NullPool)
+        try:
+            with eng.connect() as conn:
+                got = {n: list(ks) for n, ks in conn.execute(text(sql), {"sizes": sizes})}
+        finally:
+            eng.dispose()
+    assert sorted(got) == sizes
+    for n, ks in got.items():
+        assert ks == [oracle.rank(n, q) for q in windowing.PERCENTILES], n
+        assert ks == [values.nearest_rank(n, q) + 1 for q in windowing.PERCENTILES], n
+    for n, q, k in oracle.HAND_CASES:
+        assert got[n][windowing.PERCENTILES.index(q)] == k
 
 
 # --- the rollup job --------------------------------------------------------------------------------------------------
@@ -222,7 +274,7 @@ def test_gathered_nearest_ranks_are_the_brute_force_ones(seed: int, monkeypatch:
         for (n, ps), vs in zip(got[key], per_field, strict=True):
             vs.sort()
             assert n == len(vs)
-            assert ps == ([vs[values.nearest_rank(len(vs), q)] for q in windowing.PERCENTILES] if vs else None)
+            assert ps == ([vs[oracle.rank(len(vs), q) - 1] for q in windowing.PERCENTILES] if vs else None)
 
 
 def test_the_rollups_fold_each_row_once_whatever_races(engine: Engine) -> None:

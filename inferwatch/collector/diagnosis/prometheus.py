@@ -43,7 +43,6 @@ INSTANCE = "instance"
 BY: tuple[str, ...] = (V.LABEL_ENGINE, V.LABEL_MODEL, INSTANCE)
 GPU_BY: tuple[str, ...] = (*BY, V.LABEL_HOST, V.LABEL_GPU, V.LABEL_GPU_UUID)
 """one GPU of a replica (the UUID alone would do; host and index name it for the on-call)."""
-TARGETS_QUERY = "targets"
 INFO_QUERY = "info"
 SPEC_DECODE_QUERY = "spec_decode"
 GPU_CLOCK_EVENTS_QUERY = "gpu_clock_events"
@@ -172,7 +171,6 @@ def fleet_queries(window: str, filters: Filters) -> dict[str, str]:
     gpu = gpu_queries(window, filters)
     return {
         **gpu,
-        TARGETS_QUERY: f"max {by} (last_over_time({V.REQUESTS_RUNNING.name}{sel}{w}))",
         INFO_QUERY: f"max {_by(info_labels)} (last_over_time({V.ENGINE_INFO.name}{sel}{w}))",
         SPEC_DECODE_QUERY: f"sum {by} (last_over_time({V.SPEC_DECODE_DRAFT_TOKENS.name}{sel}{w}))",
         Signal.REQUEST_RATE: or_proxy(rate(V.REQUESTS.name), client_rate_per_target()),
@@ -327,7 +325,8 @@ async def read_fleet(
         raise UpstreamError(base_url, f"Prometheus did not answer within {timeout:g} s") from None
     fleet = Fleet("prometheus", window, window_seconds(window), upstream_queries=len(names), upstream=base_url)
     by_name = dict(zip(names, results, strict=True))
-    for item in by_name[TARGETS_QUERY]:
+    # the targets: every engine series with a running gauge in the window (the running signal's own answer)
+    for item in by_name[Signal.RUNNING]:
         fleet.target(_key(_labels(item)))
     for item in by_name[INFO_QUERY]:
         labels = _labels(item)

@@ -16,11 +16,9 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import Engine, create_engine, func, select, text, update
-from sqlalchemy.pool import NullPool
+from sqlalchemy import Engine, func, select, update
 
 from inferwatch.collector.api.app import create_app
 from inferwatch.collector.schemas import Stats
@@ -152,52 +150,6 @@ def test_sketches_merge_exactly_and_round_trip() -> None:
     big = {5: 2**33, 7: 1}
     lo, arr = sketch.decode(sketch.encode(big))
     assert (lo, list(arr)) == (5, [2**33, 0, 1])
-
-
-# --- the nearest ranks -----------------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(("n", "q", "k"), oracle.HAND_CASES)
-def test_nearest_rank_at_and_just_past_a_whole_rank(n: int, q: float, k: int) -> None:
-    """Hand-worked: where q x n is whole, the rank is q x n itself (not one more); a value more, the next."""
-    assert oracle.rank(n, q) == k
-    assert values.nearest_rank(n, q) == k - 1
-    assert values.nearest_ranks(np.array([n], dtype=np.int64), [q])[0, 0] == k - 1
-    assert oracle.percentile_disc([float(v) for v in range(n, 0, -1)], q) == k  # unsorted in, the kth value out
-
-
-def test_nearest_ranks_agree_with_the_oracle_at_every_size() -> None:
-    sizes = np.arange(0, 5001, dtype=np.int64)
-    ranks = values.nearest_ranks(sizes, windowing.PERCENTILES)
-    for n in range(1, 5001):
-        want = [oracle.rank(n, q) - 1 for q in windowing.PERCENTILES]
-        assert [values.nearest_rank(n, q) for q in windowing.PERCENTILES] == want, n
-        assert ranks[n].tolist() == want, n
-    assert ranks[0].tolist() == [0] * len(windowing.PERCENTILES)  # no values: index 0, never read
-
-
-def test_the_oracle_is_postgresql_percentile_disc() -> None:
-    """PostgreSQL's own percentile_disc over 1..n for every n to 400 and the hand-worked sizes: the oracle's ranks
-    and the collector's nearest ranks, all equal."""
-    sizes = sorted({*range(1, 401), *(n for n, _, _ in oracle.HAND_CASES)})
-    qs = ", ".join(str(q) for q in windowing.PERCENTILES)
-    sql = (
-        f"SELECT n, percentile_disc(ARRAY[{qs}]::float8[]) WITHIN GROUP (ORDER BY v) "
-        "FROM unnest(CAST(:sizes AS int[])) AS n, generate_series(1, n) AS v GROUP BY n ORDER BY n"
-    )
-    with postgres_schema("iw_st") as url:
-        eng = create_engine(url, poolclass=NullPool)
-        try:
-            with eng.connect() as conn:
-                got = {n: list(ks) for n, ks in conn.execute(text(sql), {"sizes": sizes})}
-        finally:
-            eng.dispose()
-    assert sorted(got) == sizes
-    for n, ks in got.items():
-        assert ks == [oracle.rank(n, q) for q in windowing.PERCENTILES], n
-        assert ks == [values.nearest_rank(n, q) + 1 for q in windowing.PERCENTILES], n
-    for n, q, k in oracle.HAND_CASES:
-        assert got[n][windowing.PERCENTILES.index(q)] == k
 
 
 # --- the rollup job --------------------------------------------------------------------------------------------------

@@ -126,8 +126,9 @@ def translate(
     """
     with needs_extra("exporter", "exporter translate"):
         from inferwatch.exporters.engines import builtin_registry
-        from inferwatch.exporters.mapping import TranslateContext, check_finite_snapshot
+        from inferwatch.exporters.mapping import TranslateContext
         from inferwatch.exporters.offline import UndetectableEngine, render_with_health, resolve_adapter
+        from inferwatch.exporters.samples import check_finite_snapshot
         from inferwatch.exporters.targets import engine_problems, session_options
         from inferwatch.exporters.textparse import ParseError
 

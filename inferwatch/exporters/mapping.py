@@ -14,12 +14,13 @@ import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import ClassVar, Protocol, Self
+from typing import Any, ClassVar, Protocol, Self
 
 from pydantic import BaseModel, ConfigDict, JsonValue
 
 from inferwatch.core import vocabulary as V
 from inferwatch.exporters import textparse
+from inferwatch.exporters.memo import TranslateMemo, histogram_plan, norm, parse_le
 from inferwatch.exporters.samples import HistogramValue, SeriesKey, Snapshot, rebucket, series_key
 from inferwatch.exporters.textparse import Labels, NonFiniteSample, ParsedText
 
@@ -137,6 +138,8 @@ class EngineSession:
 
     def __init__(self, adapter: EngineAdapter, options: EngineOptions) -> None:
         self.adapter = adapter
+        self.memo = TranslateMemo()
+        """what this target's earlier payloads taught: line heads, series keys, histogram plans."""
 
     @classmethod
     def open(cls, adapter: EngineAdapter, options: OptionValues) -> Self:
@@ -158,7 +161,7 @@ class EngineSession:
 
     def translate(self, payload: str, ctx: TranslateContext) -> Snapshot:
         """A fetched or captured payload -> canonical snapshot: rows, the adapter's hook, :meth:`extend`."""
-        return translate_text(self.adapter, payload, ctx, self.extend)
+        return translate_text(self.adapter, payload, ctx, self.extend, self.memo)
 
     def extend(self, parsed: ParsedText, ctx: TranslateContext, snap: Snapshot) -> None:
         """Add what this target's options or state provide (after the rows and the adapter's hook)."""
@@ -290,6 +293,7 @@ def _map_labels(row: Row, labels: Labels) -> dict[str, str] | None:
 
 
 Accept = Callable[[Labels], bool]
+_MISSING: Any = object()
 
 
 def translate_rows(
@@ -299,18 +303,25 @@ def translate_rows(
     ctx: TranslateContext,
     snap: Snapshot,
     accept: Accept | None = None,
+    memo: TranslateMemo | None = None,
 ) -> None:
-    """Apply ``rows`` to ``parsed`` into ``snap``; ``accept`` filters source label sets."""
+    """Apply ``rows`` to ``parsed`` into ``snap``; ``accept`` filters source label sets; ``memo`` (a
+    target's, for ``ctx``: see :meth:`TranslateMemo.use`) saves the work that repeats between payloads."""
     vocab = ctx.vocabulary
+    if accept is not None:
+        memo = None  # a filter is the caller's: what it keeps is not the row's alone
     for row in rows:
         if row.metric.kind is V.Kind.HISTOGRAM:
-            _translate_histogram(adapter, row, parsed, ctx, snap, vocab, accept)
+            _translate_histogram(adapter, row, parsed, ctx, snap, vocab, accept, memo)
             continue
         names = [c for s in row.sources for c in _candidates(adapter, s)]
         name = _first_present(parsed, names)
         if name is None:
             continue
         _note(snap, row)
+        if memo is not None:
+            _translate_values(row, parsed.samples[name], ctx, snap, memo.keys.setdefault(id(row), {}))
+            continue
         for labels, value in parsed.samples[name]:
             if accept is not None and not accept(labels):
                 continue
@@ -318,6 +329,26 @@ def translate_rows(
             if mapped is None:
                 continue
             snap.add_value(row.metric, ctx.key(mapped), value / row.divisor)
+
+
+def _translate_values(
+    row: Row,
+    samples: list[tuple[Labels, float]],
+    ctx: TranslateContext,
+    snap: Snapshot,
+    keys: dict[Labels, SeriesKey | None],
+) -> None:
+    """A counter or gauge row with each label set's canonical key looked up in ``keys`` (filled here)."""
+    metric, divisor, add = row.metric, row.divisor, snap.add_value
+    if len(keys) > 2 * len(samples) + 1024:  # label sets that do not repeat: keep the memo bounded
+        keys.clear()
+    for labels, value in samples:
+        key = keys.get(labels, _MISSING)
+        if key is _MISSING:
+            mapped = _map_labels(row, labels)
+            key = keys[labels] = None if mapped is None else ctx.key(mapped)
+        if key is not None:
+            add(metric, key, value / divisor)
 
 
 def _note(snap: Snapshot, row: Row) -> None:
@@ -328,17 +359,32 @@ def _note(snap: Snapshot, row: Row) -> None:
 
 
 def translate_parsed(
-    adapter: EngineAdapter, parsed: ParsedText, ctx: TranslateContext, extend: Hook | None = None
+    adapter: EngineAdapter,
+    parsed: ParsedText,
+    ctx: TranslateContext,
+    extend: Hook | None = None,
+    memo: TranslateMemo | None = None,
 ) -> Snapshot:
     """Apply ``adapter``'s rows and hook, then ``extend`` (a session's), to a parsed payload."""
     check_finite_samples(adapter, parsed)
     snap = Snapshot()
-    translate_rows(adapter, adapter.rows, parsed, ctx, snap)
+    if memo is not None:
+        facts = ctx.facts
+        memo.use((ctx.engine, ctx.model_override, facts.model, tuple(ctx.extra_labels.items()), ctx.vocabulary))
+        snap.label_texts = memo.texts
+    translate_rows(adapter, adapter.rows, parsed, ctx, snap, memo=memo)
     if adapter.hook is not None:
         adapter.hook(parsed, ctx, snap)
     if extend is not None:
         extend(parsed, ctx, snap)
-    _account_unmapped(adapter, parsed, snap)
+    if memo is None:
+        _account_unmapped(adapter, parsed, snap)
+    else:
+        families = tuple(parsed.families)
+        if memo.unmapped[0] != families:
+            _account_unmapped(adapter, parsed, snap)
+            memo.unmapped = (families, snap.unmapped)
+        snap.unmapped = list(memo.unmapped[1])
     return snap
 
 
@@ -358,20 +404,6 @@ def check_finite_samples(adapter: EngineAdapter, parsed: ParsedText) -> None:
                 raise NonFiniteSample(f"{name}{{{shown}}} is {v!r}; a counter or histogram sample must be finite")
 
 
-def check_finite_snapshot(snap: Snapshot) -> None:
-    """Raise :class:`~inferwatch.exporters.textparse.NonFiniteSample` when a canonical counter or histogram
-    of ``snap`` is NaN or infinite (whatever computed it: rows, a hook, an engine's JSON)."""
-    for spec, series in snap.values.items():
-        if spec.kind is V.Kind.COUNTER and not math.isfinite(sum(series.values())):
-            bad = next(k for k, v in series.items() if not math.isfinite(v))
-            raise NonFiniteSample(f"canonical counter {spec.key} {dict(bad)} is not finite")
-    for spec, hseries in snap.histograms.items():
-        for key, h in hseries.items():
-            total = h.inf + h.total + (sum(h.counts) if h.counts else 0.0)
-            if not math.isfinite(total):
-                raise NonFiniteSample(f"canonical histogram {spec.key} {dict(key)} is not finite")
-
-
 def _translate_histogram(
     adapter: EngineAdapter,
     row: Row,
@@ -380,8 +412,14 @@ def _translate_histogram(
     snap: Snapshot,
     vocab: V.Vocabulary,
     accept: Accept | None,
+    memo: TranslateMemo | None = None,
 ) -> None:
-    bounds = vocab.buckets(row.metric)
+    if memo is None:
+        bounds = vocab.buckets(row.metric)
+    elif (got := memo.bounds.get(id(row))) is not None:
+        bounds = got
+    else:
+        bounds = memo.bounds[id(row)] = vocab.buckets(row.metric)
     if row.sum_only:
         _translate_sum_only(row, parsed, ctx, snap, bounds, accept)
         return
@@ -390,9 +428,11 @@ def _translate_histogram(
     if base is None:
         return
     _note(snap, row)
+    if memo is not None and _planned(row, parsed, ctx, snap, base, bounds, memo):
+        return
     series, inf_counts = _bucket_series(parsed, base, row.divisor)
-    sums = {_norm(lbl): v for lbl, v in parsed.samples.get(base + "_sum", ())}
-    counts = {_norm(lbl): v for lbl, v in parsed.samples.get(base + "_count", ())}
+    sums = {norm(lbl): v for lbl, v in parsed.samples.get(base + "_sum", ())}
+    counts = {norm(lbl): v for lbl, v in parsed.samples.get(base + "_count", ())}
     for key in counts.keys() - series.keys():
         series[key] = (key, [])
     for key, (labels, buckets) in series.items():
@@ -412,6 +452,49 @@ def _translate_histogram(
         )
 
 
+def _planned(
+    row: Row,
+    parsed: ParsedText,
+    ctx: TranslateContext,
+    snap: Snapshot,
+    base: str,
+    bounds: tuple[float, ...],
+    memo: TranslateMemo,
+) -> bool:
+    """Translate a histogram row by its plan (made now when its samples' label sets changed); False when
+    no plan can stand for the translation (a series gives one boundary twice, e.g. ``1`` and ``1.0``)."""
+    samples = parsed.samples
+    buckets = samples.get(base + "_bucket", [])
+    counts = samples.get(base + "_count", [])
+    sums = samples.get(base + "_sum", [])
+    shape = (base, [lbl for lbl, _ in buckets], [lbl for lbl, _ in counts], [lbl for lbl, _ in sums])
+    known = memo.histograms.get(id(row))
+    if known is not None and known[0] == shape:
+        plan = known[1]
+    else:
+        made = histogram_plan(shape, bounds, row.divisor, lambda labels: _key_of(row, labels, ctx))
+        if made is None:
+            return False
+        plan = made
+        memo.histograms[id(row)] = (shape, plan)
+    values = [v for _, v in buckets]
+    values += [v for _, v in counts]
+    values += [v for _, v in sums]
+    values.append(0.0)
+    metric, divisor = row.metric, row.divisor
+    for key, positions, exact, inf, total in plan:
+        if not exact:
+            snap.inexact.add(metric)
+        canon = None if positions is None else [values[i] for i in positions]
+        snap.add_histogram(metric, key, HistogramValue(bounds, canon, values[inf], values[total] / divisor))
+    return True
+
+
+def _key_of(row: Row, labels: Labels, ctx: TranslateContext) -> SeriesKey | None:
+    mapped = _map_labels(row, labels)
+    return None if mapped is None else ctx.key(mapped)
+
+
 def _translate_sum_only(
     row: Row,
     parsed: ParsedText,
@@ -426,11 +509,11 @@ def _translate_sum_only(
     count_samples = parsed.samples.get(count_name)
     if not sum_samples or not count_samples:
         return
-    count_by = {_norm(lbl): v for lbl, v in count_samples}
+    count_by = {norm(lbl): v for lbl, v in count_samples}
     for labels, total in sum_samples:
         if accept is not None and not accept(labels):
             continue
-        n = count_by.get(_norm(labels))
+        n = count_by.get(norm(labels))
         mapped = _map_labels(row, labels)
         if n is None or mapped is None:
             continue
@@ -459,27 +542,13 @@ def _bucket_series(parsed: ParsedText, base: str, divisor: float) -> tuple[_Buck
         key = tuple(sorted(rest))
         le = le_cache.get(le_raw)
         if le is None:
-            le = le_cache[le_raw] = _parse_le(base, le_raw, divisor)
+            le = le_cache[le_raw] = parse_le(base, le_raw, divisor)
         if le == float("inf"):
             inf_counts[key] = value
             series.setdefault(key, (tuple(rest), []))
         else:
             series.setdefault(key, (tuple(rest), []))[1].append((le, value))
     return series, inf_counts
-
-
-def _parse_le(base: str, le_raw: str, divisor: float) -> float:
-    try:
-        le = float(le_raw) / divisor
-    except ValueError:
-        raise textparse.ParseError(f"{base}_bucket has an invalid le={le_raw!r}") from None
-    if le != le:
-        raise textparse.ParseError(f"{base}_bucket has le={le_raw!r}, not a boundary")
-    return le
-
-
-def _norm(labels: Labels) -> Labels:
-    return tuple(sorted(labels))
 
 
 def _account_unmapped(adapter: EngineAdapter, parsed: ParsedText, snap: Snapshot) -> None:
@@ -495,10 +564,17 @@ def _account_unmapped(adapter: EngineAdapter, parsed: ParsedText, snap: Snapshot
     snap.unmapped = sorted(unmapped)
 
 
-def translate_text(adapter: EngineAdapter, text: str, ctx: TranslateContext, extend: Hook | None = None) -> Snapshot:
-    """Parse and translate one text payload; ``extend`` is a session's (see :meth:`EngineSession.translate`)."""
-    parsed = textparse.parse(text, adapter.wanted)
-    return translate_parsed(adapter, parsed, ctx, extend)
+def translate_text(
+    adapter: EngineAdapter,
+    text: str,
+    ctx: TranslateContext,
+    extend: Hook | None = None,
+    memo: TranslateMemo | None = None,
+) -> Snapshot:
+    """Parse and translate one text payload; ``extend`` and ``memo`` are a session's (see
+    :meth:`EngineSession.translate`)."""
+    parsed = textparse.parse(text, adapter.wanted, memo.lines if memo is not None else None)
+    return translate_parsed(adapter, parsed, ctx, extend, memo)
 
 
 def first(parsed: ParsedText, adapter: EngineAdapter, name: str) -> list[tuple[Labels, float]]:

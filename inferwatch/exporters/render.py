@@ -14,14 +14,9 @@ def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
-def _inner(key: SeriesKey) -> str:
+def _inner_text(key: SeriesKey) -> str:
     """The label pairs of a series, without braces: built once per series, shared by its lines."""
     return ",".join(f'{k}="{_escape(v)}"' for k, v in key)
-
-
-def _labels(key: SeriesKey) -> str:
-    inner = _inner(key)
-    return "{" + inner + "}" if inner else ""
 
 
 def _help(spec: V.MetricSpec, note: str | None) -> str:
@@ -29,11 +24,43 @@ def _help(spec: V.MetricSpec, note: str | None) -> str:
     return text.replace("\\", "\\\\").replace("\n", "\\n")
 
 
+def format_values(values: list[float]) -> list[str]:
+    """:func:`~inferwatch.core.vocabulary.format_value` of each value: at C speed (``float.__repr__``
+    over the list) when all are finite floats, which a sum tells at C speed too; else one by one."""
+    try:
+        total = sum(values)
+        if type(total) is float and total - total == 0.0:  # NaN or an infinity makes it NaN
+            return list(map(float.__repr__, values))  # an int among them raises TypeError
+    except TypeError:
+        pass
+    return [V.format_value(v) for v in values]
+
+
+LABEL_TEXTS_LIMIT = 100_000
+"""most series keys whose label text a snapshot's :attr:`~Snapshot.label_texts` memo keeps."""
+
+
 def render(snapshot: Snapshot, vocabulary: V.Vocabulary, metrics: Iterable[V.MetricSpec] = V.ALL_METRICS) -> str:
     """Render every family of ``snapshot`` that has series, in vocabulary order."""
     out: list[str] = []
     fmt = V.format_value
     les_of: dict[tuple[float, ...], list[str]] = {}
+    texts = snapshot.label_texts
+    if texts is None:
+        texts = {}
+    elif len(texts) > LABEL_TEXTS_LIMIT:  # keys that do not repeat: start over
+        texts.clear()
+
+    def _inner(key: SeriesKey) -> str:
+        text = texts.get(key)
+        if text is None:
+            text = texts[key] = _inner_text(key)
+        return text
+
+    def _labels(key: SeriesKey) -> str:
+        inner = _inner(key)
+        return "{" + inner + "}" if inner else ""
+
     for spec in metrics:
         if spec.kind is V.Kind.HISTOGRAM:
             hseries = snapshot.histograms.get(spec)
@@ -50,8 +77,11 @@ def render(snapshot: Snapshot, vocabulary: V.Vocabulary, metrics: Iterable[V.Met
                 if h.counts is not None:
                     les = les_of.get(h.bounds)
                     if les is None:
-                        les = les_of[h.bounds] = [V.format_le(b) for b in h.bounds]
-                    out.extend(f'{prefix}le="{le}"}} {fmt(c)}' for le, c in zip(les, h.counts, strict=True))
+                        les = les_of[h.bounds] = [f'le="{V.format_le(b)}"}} ' for b in h.bounds]
+                    if len(les) != len(h.counts):
+                        raise ValueError(f"{spec.name}: {len(h.counts)} bucket counts for {len(les)} boundaries")
+                    # str concatenation mapped over lists: no Python-level loop per bucket line
+                    out.extend(map(str.__add__, map(prefix.__add__, les), format_values(h.counts)))
                 out.append(f'{prefix}le="+Inf"}} {fmt(h.inf)}')
                 lbl = "{" + inner + "}" if inner else ""
                 out.append(f"{total}{lbl} {fmt(h.total)}")

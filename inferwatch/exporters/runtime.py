@@ -12,11 +12,14 @@ Bounds: everything one scrape asks the engine (metrics, info, the JSON a session
 deadline of ``timeout_seconds`` (:mod:`inferwatch.exporters.fetching`). A scrape runs in a thread of
 its own (a *flight*); the scrapes of the exporter that arrive while it is in flight share it instead
 of queueing behind it, and each waits at most until the flight's deadline: a slow engine costs a
-scrape at most its deadline, never more, and never the next scrape. A page is refused whole (up 0)
-when its body is over ``max_body_bytes``, it has more than ``max_samples`` sample lines, it is cut
-mid-line, it repeats a series, or a counter or histogram sample is NaN or infinite; and a scrape
-fails (reason ``redirect``) when the engine redirects it where the target's ``follow_redirects``
-does not allow (by default: anywhere but the target's own scheme, host and port).
+scrape at most its deadline, never more, and never the next scrape. Concurrent scrapes cost the
+engine one request: a scrape shares the target's last flight when it *arrived* before that flight
+ended, however late a busy exporter gets round to it (:meth:`TargetScraper.begin`). A page is
+refused whole (up 0) when its body is over ``max_body_bytes``, it has more than ``max_samples``
+sample lines, it is cut mid-line, it repeats a series, or a counter or histogram sample is NaN or
+infinite; and a scrape fails (reason ``redirect``) when the engine redirects it where the target's
+``follow_redirects`` does not allow (by default: anywhere but the target's own scheme, host and
+port).
 """
 
 from __future__ import annotations
@@ -43,9 +46,8 @@ from inferwatch.exporters.mapping import (
     EngineSession,
     ScrapeError,
     TranslateContext,
-    check_finite_snapshot,
 )
-from inferwatch.exporters.samples import Snapshot, merge_snapshots, series_key
+from inferwatch.exporters.samples import Snapshot, check_finite_snapshot, merge_snapshots, series_key
 from inferwatch.exporters.targets import AUTO, TargetConfig
 from inferwatch.exporters.textparse import ParseError, check_complete, looks_like_text_exposition, too_many_samples
 
@@ -112,6 +114,13 @@ class Flight:
     started: float
     done: threading.Event = field(default_factory=threading.Event)
     result: Snapshot | None = None
+    ended: float = float("inf")
+    """when the result was ready (the scraper's clock); infinite while in flight."""
+
+    def answers(self, arrived: float) -> bool:
+        """Whether this flight answers a scrape that arrived at ``arrived``: it had not ended by then (and is
+        within its deadline, or has ended since)."""
+        return arrived <= self.ended and (self.done.is_set() or not self.request.deadline.expired())
 
 
 @dataclass
@@ -244,13 +253,24 @@ class TargetScraper:
         within the target's deadline (plus :data:`COLLECT_SLACK_SECONDS`)."""
         return self.collect(self.begin())
 
-    def begin(self) -> Flight:
-        """The flight in progress, or a new one (started in a thread of its own)."""
+    def begin(self, arrived: float | None = None) -> Flight:
+        """The flight that answers a scrape that arrived at ``arrived`` (the scraper's clock; default now):
+        the target's last flight, or a new one (started in a thread of its own).
+
+        The coalescing rule: the last flight answers every scrape that arrived before it ended, unless it
+        is still in flight past its deadline. A scrape that arrived after it ended starts a new flight,
+        however soon after: it never gets a result that was ready before it came. What
+        counts is when the scrape arrived, not when the exporter gets here: busy with 100 targets, it
+        reached a target up to 2 s after the scrape came, and some flights had ended by then (a second
+        request to their engines). The exporter takes the time the request reached the machine
+        (:func:`inferwatch.exporters.server.arrived_at`)."""
+        now = self.clock()
+        arrived = now if arrived is None else min(arrived, now)
         with self._flight_lock:
             flight = self._flight
-            if flight is not None and not flight.done.is_set() and not flight.request.deadline.expired():
+            if flight is not None and flight.answers(arrived):
                 return flight
-            flight = self._flight = Flight(self._request(), self.clock())
+            flight = self._flight = Flight(self._request(), now)
         threading.Thread(target=self._fly, args=(flight,), name="target-scrape", daemon=True).start()
         return flight
 
@@ -269,6 +289,7 @@ class TargetScraper:
             flight.result = self._scrape_once(flight.request, flight.started)
         finally:
             flight.request.finish()
+            flight.ended = self.clock()
             flight.done.set()
 
     def _scrape_once(self, request: EngineRequest, start: float) -> Snapshot:

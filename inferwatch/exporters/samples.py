@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from inferwatch.core import vocabulary as V
+from inferwatch.exporters.textparse import NonFiniteSample
 
 SeriesKey = tuple[tuple[str, str], ...]
 
@@ -73,6 +75,9 @@ class Snapshot:
     notes: dict[V.MetricSpec, str] = field(default_factory=dict)
     """Approximation notes per canonical metric (appended to HELP for this engine)."""
     unmapped: list[str] = field(default_factory=list)
+    label_texts: dict[SeriesKey, str] | None = None
+    """a target's memo of each series key's rendered label pairs (kept across scrapes, shared by the
+    snapshots merged from this one): rendering looks a key up instead of escaping its labels again."""
 
     def add_value(self, spec: V.MetricSpec, key: SeriesKey, value: float) -> None:
         series = self.values.setdefault(spec, {})
@@ -94,7 +99,10 @@ class Snapshot:
         if old is None:
             series[key] = value
         else:
-            old.merge(value)
+            # a new object: ``old`` may be shared with the snapshots this one was merged from
+            merged = HistogramValue(old.bounds, None if old.counts is None else list(old.counts), old.inf, old.total)
+            merged.merge(value)
+            series[key] = merged
 
     def metrics(self) -> set[V.MetricSpec]:
         """Canonical metrics with at least one series."""
@@ -124,20 +132,48 @@ class Snapshot:
 
 
 def merge_snapshots(snapshots: Iterable[Snapshot]) -> Snapshot:
-    """Union of several targets' snapshots (their label sets are distinct by configuration)."""
+    """Union of several targets' snapshots (their label sets are distinct by configuration).
+
+    The result shares the inputs' :class:`HistogramValue` objects, which no :class:`Snapshot` method
+    mutates (:meth:`Snapshot.add_histogram` merges into a new one): a snapshot may be merged by several
+    concurrent scrapes that share it. Its series dicts are its own (copied whole, at C speed)."""
     out = Snapshot()
     for snap in snapshots:
+        if out.label_texts is None:
+            out.label_texts = snap.label_texts
         for spec, series in snap.values.items():
+            mine = out.values.get(spec)
+            if mine is None:
+                if series:
+                    out.values[spec] = dict(series)
+                continue
             for key, v in series.items():
                 out.add_value(spec, key, v)
         for spec, hseries in snap.histograms.items():
+            hmine = out.histograms.get(spec)
+            if hmine is None:
+                if hseries:
+                    out.histograms[spec] = dict(hseries)
+                continue
             for key, h in hseries.items():
-                # a copy: a snapshot may be merged by several concurrent scrapes that share it
-                counts = None if h.counts is None else list(h.counts)
-                out.add_histogram(spec, key, HistogramValue(h.bounds, counts, h.inf, h.total))
+                out.add_histogram(spec, key, h)
         out.inexact |= snap.inexact
         for spec, note in snap.notes.items():
             if note not in out.notes.get(spec, ""):
                 out.notes[spec] = f"{out.notes[spec]} {note}".strip() if spec in out.notes else note
         out.unmapped.extend(snap.unmapped)
     return out
+
+
+def check_finite_snapshot(snap: Snapshot) -> None:
+    """Raise :class:`~inferwatch.exporters.textparse.NonFiniteSample` when a canonical counter or histogram
+    of ``snap`` is NaN or infinite (whatever computed it: rows, a hook, an engine's JSON)."""
+    for spec, series in snap.values.items():
+        if spec.kind is V.Kind.COUNTER and not math.isfinite(sum(series.values())):
+            bad = next(k for k, v in series.items() if not math.isfinite(v))
+            raise NonFiniteSample(f"canonical counter {spec.key} {dict(bad)} is not finite")
+    for spec, hseries in snap.histograms.items():
+        for key, h in hseries.items():
+            total = h.inf + h.total + (sum(h.counts) if h.counts else 0.0)
+            if not math.isfinite(total):
+                raise NonFiniteSample(f"canonical histogram {spec.key} {dict(key)} is not finite")

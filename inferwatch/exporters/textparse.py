@@ -5,6 +5,8 @@ names it wants and skips every other line after reading its name. Label sets are
 regular expression and memoised per payload (the same label string repeats across families).
 It accepts what engines really send: ``_sum`` before buckets (multiprocess mode), families in any
 order, blank lines between families, missing ``# HELP``, timestamps after the value, ``# EOF``.
+A :class:`LineCache` kept across payloads of one target makes a page of the same shape as the last
+one cost a dict look-up per line.
 
 What it refuses, each with a :class:`ParseError` whose :attr:`~ParseError.reason` names the case:
 a line that is not a comment, blank or a sample (``invalid``), and a series of a wanted sample
@@ -16,13 +18,19 @@ for duplicates: they never reach the output. :func:`check_complete` refuses a pa
 
 from __future__ import annotations
 
+import operator
 import re
-from collections.abc import Container
+from collections.abc import Callable, Container
 from dataclasses import dataclass, field
+from typing import Any, Literal
 
 from inferwatch.core import vocabulary as V
 
 Labels = tuple[tuple[str, str], ...]
+_Pick = Callable[[list[float]], Any]
+"""values of a page -> one name's (a float for one sample, a tuple for several: ``operator.itemgetter``)."""
+_Entry = tuple[str, Labels, int]
+"""a cached sample line: its sample name, its labels (source order) and its series id."""
 
 _LABEL_RE = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?')
 _ESCAPES = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
@@ -87,71 +95,198 @@ def parse_value(text: str) -> float:
         raise ParseError(f"invalid sample value {text!r}") from None
 
 
-def parse(text: str, wanted: Container[str]) -> ParsedText:
-    """Parse ``text``, keeping only samples whose metric name is in ``wanted``.
+class LineCache:
+    """What the sample lines of one target's earlier payloads parsed to, by *head* (a line less its
+    value): an engine's page keeps its shape from scrape to scrape, so a line whose head was seen costs
+    one dict look-up instead of a label parse. Kept by a target's session; bounded to a few times the
+    lines of the last payload (:func:`parse` empties it past that). Only for one set of wanted names."""
+
+    __slots__ = ("canon", "heads", "labels", "last_entries", "plan", "wanted")
+
+    def __init__(self) -> None:
+        self.heads: dict[str, _Entry | Literal[False]] = {}
+        """head -> (sample name, labels, series id), or False for a line of a name not wanted."""
+        self.labels: dict[str, Labels] = {}
+        """raw label text -> labels, in source order."""
+        self.canon: dict[tuple[str, Labels], tuple[str, Labels]] = {}
+        """(name, labels in name order) -> itself: one object per series, whose id is the series id
+        (equal sets written in another order get the same id; duplicates are found by id)."""
+        self.wanted: object = None
+        self.last_entries: list[_Entry] = []
+        """the wanted lines' entries of the last page, in page order."""
+        self.plan: list[tuple[str, list[Labels], _Pick]] = []
+        """how the last page's values group into samples per name (see :func:`_grouping`)."""
+
+    def clear(self) -> None:
+        self.heads.clear()
+        self.labels.clear()
+        self.canon.clear()
+        self.last_entries = []
+        self.plan = []
+
+
+def parse(text: str, wanted: Container[str], cache: LineCache | None = None) -> ParsedText:
+    """Parse ``text``, keeping only samples whose metric name is in ``wanted``; ``cache`` (a target's)
+    carries what earlier payloads' lines parsed to, and gives the same result faster.
 
     Raises :class:`ParseError` on a line that is not a comment, blank or a well-formed sample.
     """
+    if cache is None:
+        return _parse(text, wanted, LineCache(), False)
+    if cache.wanted is not wanted:
+        cache.clear()
+        cache.wanted = wanted
+    try:
+        return _parse_cached(text, wanted, cache)
+    except ParseError:
+        # the reference parse says what is wrong, and where (the cached one keeps no line numbers)
+        _parse(text, wanted, LineCache(), False)
+        raise
+
+
+def _parse(text: str, wanted: Container[str], cache: LineCache, remember: bool) -> ParsedText:
+    """The reference parse: line by line, every check where the line is."""
     out = ParsedText()
     samples = out.samples
     families = out.families
-    label_cache: dict[str, tuple[Labels, int]] = {}
-    """raw label text -> its labels, and the id of its label set in name order: one object per
-    distinct set (kept alive in ``canon_sets``), so equal sets written in another order get the same
-    id, and an int hashes for free where a tuple of pairs would be hashed again on every line."""
-    canon_sets: dict[Labels, Labels] = {}
-    seen: dict[str, tuple[set[int], list[tuple[Labels, float]]]] = {}
-    """sample name -> the label sets seen, and its samples."""
-    unlabelled = id(())
+    get_samples = samples.get
+    seen: set[int] = set()
+    seen_add = seen.add
     for lineno, line in enumerate(text.split("\n"), 1):
         if not line:
             continue
         if line[0] == "#":
-            if line.startswith("# TYPE "):
-                parts = line.split(" ", 3)
-                if len(parts) == 4:
-                    families[parts[2]] = parts[3].strip()
+            _type_line(line, families)
             continue
-        brace = line.find("{")
-        space = line.find(" ")
-        if brace != -1 and (space == -1 or brace < space):
-            name = line[:brace]
-            if name not in wanted:
-                _check_name(name, lineno, line)
-                continue
-            close = line.rfind("}")
-            if close < brace:
-                raise ParseError(f"line {lineno}: unterminated label set: {line[:120]!r}")
-            raw = line[brace + 1 : close]
-            cached = label_cache.get(raw)
-            if cached is None:
-                labels = parse_labels(raw)
-                ordered = tuple(sorted(labels))
-                cached = label_cache[raw] = (labels, id(canon_sets.setdefault(ordered, ordered)))
-            labels, canon = cached
-            rest = line[close + 1 :].split()
-        else:
-            if space == -1:
-                if line.strip():
-                    raise ParseError(f"line {lineno}: sample without a value: {line[:120]!r}")
-                continue
-            name = line[:space]
-            if name not in wanted:
-                _check_name(name, lineno, line)
-                continue
-            labels = ()
-            canon = unlabelled
-            rest = line[space:].split()
-        if not rest:
-            raise ParseError(f"line {lineno}: sample without a value: {line[:120]!r}")
-        entry = seen.get(name)
-        if entry is None:
-            entry = seen[name] = (set(), samples.setdefault(name, []))
-        elif canon in entry[0]:
+        entry, value = _sample(line, lineno, wanted, cache, remember)
+        if entry is False:
+            continue
+        name, labels, sid = entry
+        if sid in seen:
             raise DuplicateSeries(f"line {lineno}: series given twice in one page: {line[:120]!r}")
-        entry[0].add(canon)
-        entry[1].append((labels, parse_value(rest[0])))
+        seen_add(sid)
+        number = parse_value(value)
+        got = get_samples(name)
+        if got is None:
+            got = samples[name] = []
+        got.append((labels, number))
     return out
+
+
+def _parse_cached(text: str, wanted: Container[str], cache: LineCache) -> ParsedText:
+    """:func:`_parse` with ``cache``: a line whose head is known costs a look-up; the wanted lines'
+    entries and value texts are gathered flat, the values converted in one pass, and when the entries
+    are those of the last page (its shape did not change: no duplicate, same grouping) the samples are
+    grouped by the last page's plan. Its errors carry no line number (:func:`parse` finds it)."""
+    out = ParsedText()
+    families = out.families
+    get_head = cache.heads.get
+    entries: list[_Entry] = []
+    values: list[str] = []
+    add_entry = entries.append
+    add_value = values.append
+    lines = text.split("\n")
+    for line in lines:
+        if not line:
+            continue
+        if line[0] == "#":
+            if line.startswith("# TYPE "):
+                _type_line(line, families)
+            continue
+        head, _, value = line.rpartition(" ")
+        entry = get_head(head)
+        if entry is None:
+            entry, value = _sample(line, 0, wanted, cache, True)
+        if entry is not False:
+            add_entry(entry)
+            add_value(value)
+    try:
+        numbers = list(map(float, values))
+    except ValueError:
+        raise ParseError("invalid sample value") from None
+    if entries != cache.last_entries:
+        if len({sid for _, _, sid in entries}) != len(entries):
+            raise DuplicateSeries("a series is given twice in one page")
+        cache.plan = _grouping(entries)
+        cache.last_entries = entries
+    samples = out.samples
+    for name, labels, pick in cache.plan:
+        got = pick(numbers)
+        samples[name] = list(zip(labels, got if isinstance(got, tuple) else (got,), strict=True))
+    if len(cache.heads) > 2 * len(lines) + 256:  # shapes that do not repeat (timestamps, churning labels)
+        cache.clear()
+    return out
+
+
+def _grouping(entries: list[_Entry]) -> list[tuple[str, list[Labels], _Pick]]:
+    """Per sample name, in order of first appearance: its label sets and where its values are."""
+    groups: dict[str, tuple[list[Labels], list[int]]] = {}
+    for i, (name, labels, _) in enumerate(entries):
+        group = groups.get(name)
+        if group is None:
+            group = groups[name] = ([], [])
+        group[0].append(labels)
+        group[1].append(i)
+    return [(name, labels, operator.itemgetter(*where)) for name, (labels, where) in groups.items()]
+
+
+def _type_line(line: str, families: dict[str, str]) -> None:
+    if line.startswith("# TYPE "):
+        parts = line.split(" ", 3)
+        if len(parts) == 4:
+            families[parts[2]] = parts[3].strip()
+
+
+def _sample(
+    line: str, lineno: int, wanted: Container[str], cache: LineCache, remember: bool
+) -> tuple[_Entry | Literal[False], str]:
+    """Parse one sample line whose head is not cached: (its entry, or False when its name is not
+    wanted; its value text). With ``remember``, caches the entry when the line is ``head value``."""
+    brace = line.find("{")
+    space = line.find(" ")
+    if brace != -1 and (space == -1 or brace < space):
+        name = line[:brace]
+        if name not in wanted:
+            _check_name(name, lineno, line)
+            if remember:
+                _remember(cache, line, False)
+            return False, ""
+        close = line.rfind("}")
+        if close < brace:
+            raise ParseError(f"line {lineno}: unterminated label set: {line[:120]!r}")
+        raw = line[brace + 1 : close]
+        labels = cache.labels.get(raw)
+        if labels is None:
+            labels = cache.labels[raw] = parse_labels(raw)
+        end = close + 1
+    else:
+        if space == -1:
+            if line.strip():
+                raise ParseError(f"line {lineno}: sample without a value: {line[:120]!r}")
+            return False, ""
+        name = line[:space]
+        if name not in wanted:
+            _check_name(name, lineno, line)
+            if remember:
+                _remember(cache, line, False)
+            return False, ""
+        labels = ()
+        end = space
+    rest = line[end:].split()
+    if not rest:
+        raise ParseError(f"line {lineno}: sample without a value: {line[:120]!r}")
+    series = (name, tuple(sorted(labels)))
+    entry = (name, labels, id(cache.canon.setdefault(series, series)))
+    if remember and line[end:] == " " + rest[0]:  # no timestamp, no odd spacing: the head is the series
+        cache.heads[line[:end]] = entry
+    return entry, rest[0]
+
+
+def _remember(cache: LineCache, line: str, entry: Literal[False]) -> None:
+    """Cache a skipped line by its head (any line with that head has the same name)."""
+    head = line.rpartition(" ")[0]
+    if head:
+        cache.heads[head] = entry
 
 
 def check_complete(text: str) -> None:
@@ -166,8 +301,9 @@ def check_complete(text: str) -> None:
 def too_many_samples(text: str, limit: int) -> bool:
     """Whether ``text`` has more than ``limit`` sample lines (not comments, not blank).
 
-    Its number of lines bounds that from above, so a page under the limit costs one C-level count."""
-    if text.count("\n") + 1 <= limit:
+    Its length bounds that from above (a sample line takes at least 4 characters: ``a 1`` and its
+    newline), then its number of lines: a page under the limit costs at most one C-level count."""
+    if len(text) // 4 + 1 <= limit or text.count("\n") + 1 <= limit:
         return False
     n = 0
     for line in text.split("\n"):

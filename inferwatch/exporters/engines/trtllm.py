@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import threading
+import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -294,6 +296,8 @@ class TrtllmSession(EngineSession):
         super().__init__(adapter, options)
         self.options = options
         self.stats = IterationStatsAccumulator()
+        self._drained_at = -math.inf
+        """when :meth:`poll` last drained the JSON stats (``time.monotonic``)."""
 
     @property
     def poll_interval(self) -> float:
@@ -307,7 +311,10 @@ class TrtllmSession(EngineSession):
         if _is_json(body):
             self._feed(body)
             return get(self.adapter.default_path, allow_404=True) if path in ("", JSON_PATH) else ""
-        if path in ("", self.adapter.default_path):
+        # the background polls drain the stats every json_poll_interval_seconds: a scrape drains them
+        # too only when none did within that interval (else its request would bring nothing fresher)
+        fresh = time.monotonic() - self._drained_at < self.options.json_poll_interval_seconds
+        if path in ("", self.adapter.default_path) and not fresh:
             with contextlib.suppress(ScrapeError):  # the stats are extra; the text is the scrape
                 self.poll(get)
         return body
@@ -315,6 +322,7 @@ class TrtllmSession(EngineSession):
     def poll(self, get: Fetch) -> None:
         """Drain the JSON iteration stats into :attr:`stats`."""
         body = get(JSON_PATH, allow_404=True)
+        self._drained_at = time.monotonic()
         if _is_json(body):
             self._feed(body)
 

@@ -1,0 +1,437 @@
+"""Benchmark: the exporter's CPU per scrape against Prometheus's own, real processes side by side.
+
+For each engine page (vLLM with 8 data-parallel ranks, TGI, trtllm-serve, Triton), a tiny HTTP server
+in this process serves the static page (and the engine's info endpoint) three times over, and four
+real processes run: Prometheus scraping the raw page (*direct*); Prometheus scraping it with
+``metric_relabel_configs`` that rename the engine's families and labels to the canonical ones (the
+user's alternative to a sidecar, *relabel*); the exporter (``inferwatch exporter serve``) in front of
+the page; and Prometheus scraping the exporter. Every Prometheus scrapes each second.
+
+Measured over the run, after a warm-up: each process's CPU time (utime + stime from /proc), divided
+by the scrapes it served or made (the page servers count the requests). Target: the exporter's CPU
+per scrape at most 1.0x the relabel Prometheus's. The work is checked as well: every Prometheus
+scraped (``up`` is 1), the exporter served canonical series (its own ``up`` is 1), and for each
+canonical family that both the relabel side and the exporter side store with the same number of
+series, the sum of their values (histograms: ``_count`` and ``_sum``) is the same on both sides.
+Exits 1 when a target or a check is missed. ``--quick`` runs a short form (under 3 minutes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from bench.exporter_fleet import cpu_seconds
+from inferwatch.core import vocabulary as V
+from inferwatch.exporters.engines import builtin_registry
+from inferwatch.exporters.mapping import EngineAdapter, Row
+from tests.conftest import free_port
+from tests.support.replay import JSON, TEXT
+from tests.support.stack import INFERWATCH, Processes, prometheus_cmd
+from tests.support.synth import replicate
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = ROOT / "tests" / "fixtures" / "engines"
+TARGET_RATIO = 1.0
+SETTLE_SECONDS = 0.3
+"""after a side's page was requested, how long until its scrape is surely over (scrapes are 1 s apart)."""
+SIDES = ("direct", "relabel", "exporter")
+"""the page servers: one per process that reads the engine page."""
+
+
+@dataclass(frozen=True)
+class Page:
+    """One engine page and what its engine serves beside it."""
+
+    label: str
+    engine: str
+    path: str
+    routes: dict[str, tuple[str, bytes]]
+    options: dict[str, str]
+
+    @property
+    def body(self) -> bytes:
+        return self.routes[self.path][1]
+
+    @property
+    def samples(self) -> int:
+        return sum(1 for ln in self.body.decode().splitlines() if ln and not ln.startswith("#"))
+
+
+def _version(value: str) -> tuple[str, bytes]:
+    return JSON, json.dumps({"version": value}).encode()
+
+
+def pages() -> list[Page]:
+    """The pages of issue 35: vLLM's real 0.32.0 capture over 8 ranks, and the TGI, trtllm-serve and
+    Triton fixtures as they are."""
+    vllm = replicate((FIXTURES / "vllm" / "0.32.0-cpu" / "metrics-final.txt").read_text(), 8, ["tiny-llama"])
+    tgi = FIXTURES / "tgi" / "3.3.7"
+    return [
+        Page(
+            "vLLM, 8 ranks",
+            V.ENGINE_VLLM,
+            "/metrics",
+            {"/metrics": (TEXT, vllm.encode()), "/version": _version("0.32.0")},
+            {},
+        ),
+        Page(
+            "TGI 3.3.7",
+            "tgi",
+            "/metrics",
+            {"/metrics": (TEXT, (tgi / "metrics.txt").read_bytes()), "/info": (JSON, (tgi / "info.json").read_bytes())},
+            {"max_batch_total_tokens": "16384"},
+        ),
+        Page(
+            "trtllm-serve (gen C)",
+            "trtllm",
+            "/prometheus/metrics",
+            {
+                "/prometheus/metrics": (TEXT, (FIXTURES / "trtllm" / "gen-c" / "prometheus.txt").read_bytes()),
+                # the JSON iteration stats, drained by the exporter; empty between iterations
+                "/metrics": (JSON, b"[]"),
+                "/version": _version("1.2.0"),
+            },
+            {},
+        ),
+        Page(
+            "Triton 25.03 TRT-LLM",
+            "triton",
+            "/metrics",
+            {
+                "/metrics": (TEXT, (FIXTURES / "triton" / "25.03-trtllm" / "metrics.txt").read_bytes()),
+                "/v2": _version("2.56.0"),
+            },
+            {},
+        ),
+    ]
+
+
+class PageServer:
+    """Static bodies at fixed paths on 127.0.0.1, with HTTP/1.1 keep-alive as engines serve them (uvicorn,
+    axum, Triton): a scraper reuses its connection. Counts the requests per path."""
+
+    def __init__(self, routes: dict[str, tuple[str, bytes]]) -> None:
+        self.routes = routes
+        self.hits: dict[str, int] = {}
+        self.url = ""
+        self._server: ThreadingHTTPServer | None = None
+
+    def start(self) -> str:
+        routes, hits = self.routes, self.hits
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+            timeout = 30  # an idle keep-alive connection is dropped after this many seconds
+
+            def do_GET(self) -> None:
+                path = self.path.split("?", 1)[0]
+                hits[path] = hits.get(path, 0) + 1
+                ctype, body = routes.get(path, ("text/plain", b"not found\n"))
+                self.send_response(200 if path in routes else 404)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: object) -> None:
+                return
+
+        server = self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        server.daemon_threads = True
+        threading.Thread(target=server.serve_forever, name="page-server", daemon=True).start()
+        self.url = f"http://127.0.0.1:{server.server_address[1]}"
+        return self.url
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+
+
+# -- the relabel side: what a user writes to get canonical names without a sidecar -------------------
+def _spec_regex(spec: V.MetricSpec) -> str:
+    return f"{re.escape(spec.name)}_(?:bucket|sum|count)" if spec.kind is V.Kind.HISTOGRAM else re.escape(spec.name)
+
+
+def _renamable(row: Row) -> bool:
+    """Rows a rename can express: no unit change, no pivot on a label, no sum-only histogram."""
+    return row.divisor == 1.0 and not row.match and not row.const and not row.sum_only
+
+
+def relabel_rules(adapter: EngineAdapter) -> list[dict[str, Any]]:
+    """``metric_relabel_configs`` renaming ``adapter``'s families, labels and label values to the
+    canonical ones where a rename can (one rule per canonical family, per label and per value), and
+    setting the canonical ``engine`` label on the renamed series."""
+    rules: list[dict[str, Any]] = []
+    moves: dict[tuple[str, str], list[str]] = {}
+    values: list[dict[str, Any]] = []
+    renamed: list[str] = []
+    for row in adapter.rows:
+        if not _renamable(row):
+            continue
+        names = [n for s in row.sources for n in (s, *(adapter.aliases(s) if adapter.aliases else ()))]
+        sources = "|".join(re.escape(n) for n in names)
+        if row.metric.kind is V.Kind.HISTOGRAM:
+            rule = {"regex": f"({sources})_(bucket|sum|count)", "replacement": f"{row.metric.name}_${{2}}"}
+        else:
+            rule = {"regex": f"({sources})", "replacement": row.metric.name}
+        rules.append({"source_labels": ["__name__"], "target_label": "__name__", **rule})
+        name_re = _spec_regex(row.metric)
+        renamed.append(name_re)
+        for src, canon in row.labels.items():
+            if src != canon and src not in row.values:
+                moves.setdefault((src, canon), []).append(name_re)
+        for src, vmap in row.values.items():
+            target = row.labels.get(src, src)
+            for raw, canon_value in vmap.items():
+                if canon_value is not None and raw != "*":
+                    values.append(
+                        {
+                            "source_labels": ["__name__", src],
+                            "regex": f"(?:{name_re});{re.escape(raw)}",
+                            "target_label": target,
+                            "replacement": canon_value,
+                        }
+                    )
+    for (src, canon), name_res in sorted(moves.items()):
+        rules.append(
+            {
+                "source_labels": ["__name__", src],
+                "regex": f"(?:{'|'.join(name_res)});(.+)",
+                "target_label": canon,
+                "replacement": "${1}",
+            }
+        )
+    rules.extend(values)
+    if renamed:
+        rules.append(
+            {
+                "source_labels": ["__name__"],
+                "regex": "|".join(renamed),
+                "target_label": V.LABEL_ENGINE,
+                "replacement": adapter.name,
+            }
+        )
+    return rules
+
+
+def write_config(path: Path, job: str, target: str, metrics_path: str, rules: list[dict[str, Any]]) -> None:
+    scrape: dict[str, Any] = {"job_name": job, "metrics_path": metrics_path, "static_configs": [{"targets": [target]}]}
+    if rules:
+        scrape["metric_relabel_configs"] = rules
+    config = {"global": {"scrape_interval": "1s", "scrape_timeout": "1s"}, "scrape_configs": [scrape]}
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+
+
+# -- one run ------------------------------------------------------------------------------------------
+@dataclass
+class Figures:
+    """CPU milliseconds per scrape of each process, the scrapes counted, and the checks' outcome."""
+
+    page: Page
+    direct: float
+    relabel: float
+    via: float
+    exporter: float
+    scrapes: int
+    compared: int
+    problems: list[str]
+
+    @property
+    def ratio(self) -> float:
+        return self.exporter / self.relabel
+
+
+class _Side:
+    """A process reading one page server: its CPU and the requests it made, at settled moments."""
+
+    def __init__(self, server: PageServer, path: str, pid: int) -> None:
+        self.server, self.path, self.pid = server, path, pid
+
+    def hits(self) -> int:
+        return self.server.hits.get(self.path, 0)
+
+    def settled(self) -> tuple[float, int]:
+        """CPU seconds and requests just after a scrape ended (so that none is half counted)."""
+        before = self.hits()
+        deadline = time.monotonic() + 5
+        while self.hits() == before and time.monotonic() < deadline:
+            time.sleep(0.005)
+        time.sleep(SETTLE_SECONDS)
+        return cpu_seconds(self.pid), self.hits()
+
+
+@contextmanager
+def _servers(page: Page) -> Iterator[dict[str, PageServer]]:
+    servers = {side: PageServer(page.routes) for side in SIDES}
+    try:
+        for server in servers.values():
+            server.start()
+        yield servers
+    finally:
+        for server in servers.values():
+            server.stop()
+
+
+def run(page: Page, prometheus: str, warmup: float, seconds: float, tmp: Path) -> Figures:
+    """Start the four processes for ``page``, measure ``seconds`` after ``warmup``, check, stop."""
+    adapter = builtin_registry().get(page.engine)
+    procs = Processes(tmp / "logs", cwd=ROOT)
+    with _servers(page) as servers:
+        try:
+            exporter_port = free_port()
+            cmd = [*INFERWATCH, "exporter", "serve", "--engine", page.engine, "--listen", f"127.0.0.1:{exporter_port}"]
+            cmd += ["--target", servers["exporter"].url + page.path, "--log-level", "error"]
+            for name, value in page.options.items():
+                cmd += ["--engine-option", f"{name}={value}"]
+            exporter = procs.spawn("exporter", cmd)
+            procs.wait_http("exporter", f"http://127.0.0.1:{exporter_port}/healthz")
+            proms: dict[str, tuple[int, int]] = {}
+            jobs = {
+                "direct": (servers["direct"].url, page.path, []),
+                "relabel": (servers["relabel"].url, page.path, relabel_rules(adapter)),
+                "via": (f"http://127.0.0.1:{exporter_port}", "/metrics", []),
+            }
+            for name, (url, path, rules) in jobs.items():
+                port = free_port()
+                write_config(tmp / f"{name}.yml", name, url.removeprefix("http://"), path, rules)
+                proc = procs.spawn(name, prometheus_cmd(prometheus, tmp / f"{name}.yml", tmp / f"data-{name}", port))
+                procs.wait_http(name, f"http://127.0.0.1:{port}/-/ready")
+                proms[name] = (proc.pid, port)
+            sides = {
+                "direct": _Side(servers["direct"], page.path, proms["direct"][0]),
+                "relabel": _Side(servers["relabel"], page.path, proms["relabel"][0]),
+                "via": _Side(servers["exporter"], page.path, proms["via"][0]),
+                "exporter": _Side(servers["exporter"], page.path, exporter.pid),
+            }
+            time.sleep(warmup)
+            start = {name: side.settled() for name, side in sides.items()}
+            time.sleep(seconds)
+            end = {name: side.settled() for name, side in sides.items()}
+            per_scrape = {}
+            counted = {}
+            for name in sides:
+                counted[name] = end[name][1] - start[name][1]
+                per_scrape[name] = (end[name][0] - start[name][0]) / max(1, counted[name]) * 1000
+            problems = [f"{name}: {n} scrapes counted" for name, n in counted.items() if n < seconds / 2]
+            compared = check(adapter, {name: port for name, (_, port) in proms.items()}, problems)
+            return Figures(
+                page,
+                per_scrape["direct"],
+                per_scrape["relabel"],
+                per_scrape["via"],
+                per_scrape["exporter"],
+                min(counted.values()),
+                compared,
+                problems,
+            )
+        finally:
+            procs.close()
+
+
+def _query(port: int, promql: str) -> dict[str, float]:
+    """``promql``'s instant vector, by metric name (or ``""`` when the result has no name)."""
+    answer = httpx.get(f"http://127.0.0.1:{port}/api/v1/query", params={"query": promql}, timeout=10).json()
+    return {r["metric"].get("__name__", ""): float(r["value"][1]) for r in answer["data"]["result"]}
+
+
+def check(adapter: EngineAdapter, ports: dict[str, int], problems: list[str]) -> int:
+    """Whether the work happened and is right; appends what is wrong to ``problems``. Returns how many
+    canonical series names were compared between the relabel side and the exporter side."""
+    for name, port in ports.items():
+        if _query(port, "min(up)").get("") != 1.0:
+            problems.append(f"{name}: Prometheus's scrape is not up")
+    if _query(ports["via"], f"min({V.EXPORTER_UP.name})").get("") != 1.0:
+        problems.append("the exporter's own up gauge is not 1")
+    specs = {r.metric for r in (*adapter.rows, *adapter.hook_rows)} | set(adapter.hook_metrics)
+    names = []
+    for spec in specs:
+        names.extend([f"{spec.name}_count", f"{spec.name}_sum"] if spec.kind is V.Kind.HISTOGRAM else [spec.name])
+    pattern = json.dumps("|".join(re.escape(n) for n in sorted(names)))
+    selector = f"{{__name__=~{pattern}}}"
+    served = _query(ports["via"], f"count by (__name__) ({selector})")
+    if not served:
+        problems.append("the exporter served no canonical series")
+    counts = _query(ports["relabel"], f"count by (__name__) ({selector})")
+    if not counts:
+        problems.append("the relabel side stored no canonical series")
+    sums = {side: _query(ports[side], f"sum by (__name__) ({selector})") for side in ("relabel", "via")}
+    compared = 0
+    for name, n in sorted(counts.items()):
+        if served.get(name) != n:
+            continue  # the exporter merged or dropped series here: not comparable by sum
+        want, got = sums["relabel"].get(name, math.nan), sums["via"].get(name, math.nan)
+        if math.isnan(want) and math.isnan(got):
+            continue
+        compared += 1
+        if not math.isclose(want, got, rel_tol=1e-9, abs_tol=1e-12):
+            problems.append(f"{name}: the relabel side sums to {want!r}, the exporter's to {got!r}")
+    if not compared:
+        problems.append("no canonical series name could be compared between the two sides")
+    return compared
+
+
+# -- the report ---------------------------------------------------------------------------------------
+HEADER = f"{'page':<21}{'samples':>8}{'KB':>5}{'direct':>8}{'relabel':>8}{'via exp':>8}{'exporter':>9}{'ratio':>7}"
+"""80 columns at most, ``ms`` of CPU per scrape for each process, ``ratio`` = exporter / relabel."""
+
+
+def row(f: Figures) -> str:
+    verdict = "ok" if f.ratio <= TARGET_RATIO and not f.problems else "MISS"
+    return (
+        f"{f.page.label:<21}{f.page.samples:>8}{len(f.page.body) // 1000:>5}{f.direct:>8.2f}{f.relabel:>8.2f}"
+        f"{f.via:>8.2f}{f.exporter:>9.2f}{f.ratio:>7.2f}  {verdict}"
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="20 s per page instead of 60 (under 3 minutes)")
+    parser.add_argument("--seconds", type=float, help="measured seconds per page (default 60, 20 with --quick)")
+    parser.add_argument("--warmup", type=float, default=3.0, help="seconds before measuring (default 3)")
+    parser.add_argument("--only", help="run the pages whose label contains this text")
+    args = parser.parse_args()
+    seconds = args.seconds or (20.0 if args.quick else 60.0)
+    prometheus = shutil.which("prometheus")
+    if prometheus is None:
+        print("FAIL: prometheus not found (Debian package 'prometheus'; `make install` installs it)", file=sys.stderr)
+        return 1
+    chosen = [p for p in pages() if args.only is None or args.only.lower() in p.label.lower()]
+    print(f"CPU ms per scrape, {seconds:g} s per page at one scrape a second; ratio = exporter / relabel")
+    print(HEADER)
+    results = []
+    for page in chosen:
+        with tempfile.TemporaryDirectory() as tmp:
+            figures = run(page, prometheus, args.warmup, seconds, Path(tmp))
+        results.append(figures)
+        print(row(figures), flush=True)
+    failed = False
+    for f in results:
+        print(f"  {f.page.label}: {f.scrapes} scrapes each, {f.compared} canonical names compared")
+        for problem in f.problems:
+            print(f"    problem: {problem}")
+        failed |= f.ratio > TARGET_RATIO or bool(f.problems)
+    print(f"target: exporter <= {TARGET_RATIO:g}x the relabel Prometheus's CPU per scrape, on every page")
+    print("FAIL: target or check missed" if failed else "OK", file=sys.stderr if failed else sys.stdout)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,174 @@
+"""A target's memo (line cache, series keys, histogram plans, label texts) changes the cost of a
+scrape, never its output: every fixture payload, translated by one long-lived session in any order,
+renders byte for byte as a fresh translation without memo does; errors stay the same errors."""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+import pytest
+
+from inferwatch.core import vocabulary as V
+from inferwatch.exporters import textparse
+from inferwatch.exporters.engines import EngineRegistry
+from inferwatch.exporters.mapping import EngineSession, TranslateContext, translate_text
+from inferwatch.exporters.render import format_values, render
+from inferwatch.exporters.runtime import with_health
+from inferwatch.exporters.samples import HistogramValue, Snapshot, merge_snapshots
+from tests.conftest import ENGINE_FIXTURES, fixture_dirs
+from tests.support.fixtures import fixture_context, fixture_payloads, fixture_session, load_fixture_meta
+
+_VALUE = re.compile(r"^([^#\n][^\n]*) ([0-9.e+-]+)$", re.M)
+
+
+def text_cases() -> list[tuple[Path, str]]:
+    cases: list[tuple[Path, str]] = []
+    for d in fixture_dirs():
+        meta = load_fixture_meta(d)
+        cases.extend((d, p) for p in fixture_payloads(meta) if not p.endswith(".json"))
+    return cases
+
+
+def _render(snap: Snapshot, ctx: TranslateContext) -> str:
+    return render(with_health(snap, "t", ctx.engine, {}, 0.0), ctx.vocabulary)
+
+
+def _reference(session: EngineSession, text: str, ctx: TranslateContext) -> str:
+    """The translation without memo (the session only lends its hook)."""
+    return _render(translate_text(session.adapter, text, ctx, session.extend), ctx)
+
+
+def scaled(text: str, factor: float) -> str:
+    """The same page (same shape) with every finite sample value multiplied by ``factor``."""
+    return _VALUE.sub(lambda m: f"{m.group(1)} {float(m.group(2)) * factor!r}", text)
+
+
+@pytest.mark.parametrize("engine", sorted({d.relative_to(ENGINE_FIXTURES).parts[0] for d in fixture_dirs()}))
+def test_one_session_renders_every_page_as_a_fresh_translation(engine: str, registry: EngineRegistry) -> None:
+    cases = [(d, p) for d, p in text_cases() if d.relative_to(ENGINE_FIXTURES).parts[0] == engine]
+    if not cases:
+        pytest.skip(f"{engine} has no text payload")
+    vocab = V.Vocabulary()
+    sessions: dict[Path, EngineSession] = {}
+    checked = 0
+    # twice over, and each page also with other values: shapes change, repeat and keep their plans
+    for _ in range(2):
+        for directory, payload in cases:
+            meta = load_fixture_meta(directory)
+            adapter = registry.get(str(meta["engine"]))
+            ctx = fixture_context(directory, meta, adapter, vocab)
+            session = sessions.setdefault(directory, fixture_session(meta, adapter))
+            page = (directory / payload).read_text()
+            for text in (page, scaled(page, 3.0), page):
+                fresh = fixture_session(meta, adapter)
+                assert _render(session.translate(text, ctx), ctx) == _reference(fresh, text, ctx), (directory, payload)
+                checked += 1
+    assert checked == 6 * len(cases)
+
+
+def test_scaled_values_reach_the_output(registry: EngineRegistry) -> None:
+    """The plans carry positions, not values: a page of the same shape with other values renders them."""
+    directory = ENGINE_FIXTURES / "vllm" / "0.32.0-cpu"
+    meta = load_fixture_meta(directory)
+    adapter = registry.get(V.ENGINE_VLLM)
+    ctx = fixture_context(directory, meta, adapter, V.Vocabulary())
+    session = fixture_session(meta, adapter)
+    page = (directory / "metrics-final.txt").read_text()
+    first = session.translate(page, ctx)
+    second = session.translate(scaled(page, 2.0), ctx)
+    ttft = first.histogram(V.TIME_TO_FIRST_TOKEN)
+    ttft2 = second.histogram(V.TIME_TO_FIRST_TOKEN)
+    assert ttft is not None and ttft2 is not None and ttft.inf > 0
+    assert ttft2.inf == 2 * ttft.inf and ttft2.total == pytest.approx(2 * ttft.total)
+    assert second.value(V.PROMPT_TOKENS) == 2 * first.value(V.PROMPT_TOKENS) > 0
+
+
+def _page(*lines: str) -> str:
+    return "\n".join(["# TYPE a counter", *lines]) + "\n"
+
+
+@pytest.mark.parametrize(
+    ("bad", "error"),
+    [
+        (_page('a_total{x="1"} 1', 'a_total{x="2"} 2', 'a_total{x="1"} 3'), textparse.DuplicateSeries),
+        (_page('a_total{x="1",y="2"} 1', 'a_total{y="2",x="1"} 2'), textparse.DuplicateSeries),
+        (_page('a_total{x="1"} 1', 'a_total{x="2"} one'), textparse.ParseError),
+        (_page('a_total{x="1"} 1', "<html>"), textparse.ParseError),
+    ],
+)
+def test_a_cached_parse_refuses_what_the_fresh_one_refuses(bad: str, error: type[Exception]) -> None:
+    wanted = frozenset({"a_total"})
+    cache = textparse.LineCache()
+    good = _page('a_total{x="1"} 1', 'a_total{x="2"} 2')
+    assert textparse.parse(good, wanted, cache).get("a_total") == [((("x", "1"),), 1.0), ((("x", "2"),), 2.0)]
+    with pytest.raises(error) as fresh:
+        textparse.parse(bad, wanted)
+    with pytest.raises(error) as cached:
+        textparse.parse(bad, wanted, cache)
+    assert str(cached.value) == str(fresh.value)  # the line number too
+    assert textparse.parse(good, wanted, cache).get("a_total")[1][1] == 2.0  # and it still parses pages after
+
+
+def test_a_cached_parse_reads_timestamps_and_odd_spacing_as_the_fresh_one() -> None:
+    wanted = frozenset({"a_total", "b"})
+    cache = textparse.LineCache()
+    for step in range(3):
+        page = _page(f'a_total{{x="1"}} {step} 17000000{step}', f"b  {step}.5", f'a_total{{x="2"}}\t{step}')
+        assert textparse.parse(page, wanted, cache) == textparse.parse(page, wanted)
+    assert len(cache.heads) < 10
+
+
+def test_the_line_cache_is_bounded_when_heads_never_repeat() -> None:
+    wanted = frozenset({"a_total"})
+    cache = textparse.LineCache()
+    for step in range(50):
+        page = _page(*(f'a_total{{x="{step}-{i}"}} 1' for i in range(100)))
+        textparse.parse(page, wanted, cache)
+        assert len(cache.heads) <= 2 * 102 + 256
+
+
+def test_a_histogram_with_a_boundary_written_twice_is_translated_without_plan(registry: EngineRegistry) -> None:
+    adapter = registry.get(V.ENGINE_VLLM)
+    name = next(r.sources[0] for r in adapter.rows if r.metric is V.TIME_TO_FIRST_TOKEN)
+    lbl = 'engine="0",model_name="m"'
+    page = "\n".join(
+        [
+            f"# TYPE {name} histogram",
+            f'{name}_bucket{{{lbl},le="1"}} 3',
+            f'{name}_bucket{{{lbl},le="1.0"}} 2',
+            f'{name}_bucket{{{lbl},le="+Inf"}} 4',
+            f"{name}_count{{{lbl}}} 4",
+            f"{name}_sum{{{lbl}}} 2.5",
+        ]
+    )
+    ctx = TranslateContext(engine=adapter.name)
+    session = adapter.open()
+    for _ in range(2):
+        assert _render(session.translate(page + "\n", ctx), ctx) == _reference(adapter.open(), page + "\n", ctx)
+
+
+def test_format_values_is_format_value_for_any_value() -> None:
+    values: list[float] = [0.0, -0.0, 1.0, 1e21, 0.1 + 0.2, 3.0]
+    assert format_values(values) == [V.format_value(v) for v in values]
+    odd: list[float] = [1.0, 2, math.nan, math.inf, -math.inf, True, 1e308, 1e308]
+    cases: list[list[float]] = [odd, [2, 3], [math.nan], [1e308, 1e308]]
+    for case in cases:
+        assert format_values(case) == [V.format_value(v) for v in case]
+
+
+def test_merging_leaves_the_merged_snapshots_as_they_were() -> None:
+    key = (("engine", "x"),)
+    a, b = Snapshot(), Snapshot()
+    a.add_histogram(V.TIME_TO_FIRST_TOKEN, key, HistogramValue((1.0,), [1.0], 2.0, 3.0))
+    b.add_histogram(V.TIME_TO_FIRST_TOKEN, key, HistogramValue((1.0,), [4.0], 5.0, 6.0))
+    a.add_value(V.PROMPT_TOKENS, key, 1.0)
+    b.add_value(V.PROMPT_TOKENS, key, 2.0)
+    merged = merge_snapshots([a, b])
+    again = merge_snapshots([merged, b])
+    assert merged.histograms[V.TIME_TO_FIRST_TOKEN][key] == HistogramValue((1.0,), [5.0], 7.0, 9.0)
+    assert again.histograms[V.TIME_TO_FIRST_TOKEN][key] == HistogramValue((1.0,), [9.0], 12.0, 15.0)
+    assert a.histograms[V.TIME_TO_FIRST_TOKEN][key] == HistogramValue((1.0,), [1.0], 2.0, 3.0)
+    assert b.histograms[V.TIME_TO_FIRST_TOKEN][key] == HistogramValue((1.0,), [4.0], 5.0, 6.0)
+    assert (a.value(V.PROMPT_TOKENS), merged.value(V.PROMPT_TOKENS), again.value(V.PROMPT_TOKENS)) == (1.0, 3.0, 5.0)

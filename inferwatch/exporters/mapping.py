@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, JsonValue
 
 from inferwatch.core import vocabulary as V
 from inferwatch.exporters import textparse
-from inferwatch.exporters.memo import TranslateMemo, histogram_plan, norm, parse_le
+from inferwatch.exporters.memo import TranslateMemo, bucket_le, histogram_plan, norm
 from inferwatch.exporters.samples import HistogramValue, SeriesKey, Snapshot, rebucket, series_key
 from inferwatch.exporters.textparse import Labels, NonFiniteSample, ParsedText
 
@@ -532,17 +532,7 @@ def _bucket_series(parsed: ParsedText, base: str, divisor: float) -> tuple[_Buck
     series: _BucketSeries = {}
     inf_counts: dict[Labels, float] = {}
     for labels, value in parsed.samples.get(base + "_bucket", ()):
-        le_raw = ""
-        rest = []
-        for pair in labels:
-            if pair[0] == "le":
-                le_raw = pair[1]
-            else:
-                rest.append(pair)
-        key = tuple(sorted(rest))
-        le = le_cache.get(le_raw)
-        if le is None:
-            le = le_cache[le_raw] = parse_le(base, le_raw, divisor)
+        le, rest, key = bucket_le(labels, base, divisor, le_cache)
         if le == float("inf"):
             inf_counts[key] = value
             series.setdefault(key, (tuple(rest), []))

@@ -74,17 +74,7 @@ def histogram_plan(
     series: dict[Labels, tuple[Labels, list[tuple[float, int]]]] = {}
     inf_at: dict[Labels, int] = {}
     for i, labels in enumerate(bucket_labels):
-        le_raw = ""
-        rest = []
-        for pair in labels:
-            if pair[0] == "le":
-                le_raw = pair[1]
-            else:
-                rest.append(pair)
-        key = tuple(sorted(rest))
-        le = le_cache.get(le_raw)
-        if le is None:
-            le = le_cache[le_raw] = parse_le(base, le_raw, divisor)
+        le, rest, key = bucket_le(labels, base, divisor, le_cache)
         if le == float("inf"):
             inf_at[key] = i
             series.setdefault(key, (tuple(rest), []))
@@ -130,6 +120,24 @@ def rebucket_positions(
             out.append(last)
             exact = False
     return out, exact
+
+
+def bucket_le(
+    labels: Labels, base: str, divisor: float, cache: dict[str, float]
+) -> tuple[float, list[tuple[str, str]], Labels]:
+    """A bucket sample's bound (in canonical units, parsed once per ``le`` string through ``cache``), its other
+    labels in source order, and those sorted (the series' key)."""
+    le_raw = ""
+    rest = []
+    for pair in labels:
+        if pair[0] == "le":
+            le_raw = pair[1]
+        else:
+            rest.append(pair)
+    le = cache.get(le_raw)
+    if le is None:
+        le = cache[le_raw] = parse_le(base, le_raw, divisor)
+    return le, rest, tuple(sorted(rest))
 
 
 def parse_le(base: str, le_raw: str, divisor: float) -> float:

@@ -29,6 +29,7 @@ import socket
 import threading
 import time
 import zlib
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Final, Literal
 from urllib.parse import urljoin, urlsplit
@@ -297,17 +298,8 @@ class EngineRequest:
         declared = (response.getheader("content-length") or "").strip()
         if decoder.identity and declared.isdigit() and int(declared) > limit:
             raise self._too_large(url)
-        parts: list[bytes] = []
-        size = 0
         try:
-            while chunk := response.read1(READ_CHUNK):
-                if self.aborted or time.monotonic() >= until:
-                    raise self._timeout_error(f"reading the body of {url}")
-                data = decoder.decode(chunk, limit - size + 1)
-                size += len(data)
-                if size > limit:
-                    raise self._too_large(url)
-                parts.append(data)
+            parts = self._gather(iter(lambda: response.read1(READ_CHUNK), b""), decoder, url, until)
             if response.length:  # read1 ends quietly where a Content-Length body was cut short
                 raise http.client.IncompleteRead(b"", response.length)
             tail = decoder.flush()
@@ -319,7 +311,7 @@ class EngineRequest:
             raise ScrapeError(
                 f"reading {url} failed: {exc.__class__.__name__}: {exc}", V.SCRAPE_ERROR_UNREACHABLE
             ) from None
-        if size + len(tail) > limit:
+        if sum(map(len, parts)) + len(tail) > limit:
             raise self._too_large(url)
         parts.append(tail)
         charset = _charset(response.getheader("content-type") or "") or "utf-8"
@@ -346,17 +338,8 @@ class EngineRequest:
         declared = response.headers.get("content-length", "")
         if decoder.identity and declared.isdigit() and int(declared) > limit:
             raise self._too_large(url)
-        parts: list[bytes] = []
-        size = 0
         try:
-            for chunk in response.iter_raw():
-                if self.aborted or time.monotonic() >= until:
-                    raise self._timeout_error(f"reading the body of {url}")
-                data = decoder.decode(chunk, limit - size + 1)
-                size += len(data)
-                if size > limit:
-                    raise self._too_large(url)
-                parts.append(data)
+            parts = self._gather(response.iter_raw(), decoder, url, until)
             tail = decoder.flush()
         except httpx.TimeoutException:
             raise self._timeout_error(f"reading the body of {url}") from None
@@ -368,10 +351,26 @@ class EngineRequest:
             raise ScrapeError(
                 f"reading {url} failed: {exc.__class__.__name__}: {exc}", V.SCRAPE_ERROR_UNREACHABLE
             ) from None
-        if size + len(tail) > limit:
+        if sum(map(len, parts)) + len(tail) > limit:
             raise self._too_large(url)
         parts.append(tail)
         return b"".join(parts).decode(response.charset_encoding or "utf-8", errors="replace")
+
+    def _gather(self, chunks: Iterable[bytes], decoder: _Inflate, url: str, until: float) -> list[bytes]:
+        """The decompressed body from the raw ``chunks`` of either HTTP client, within the deadline and the
+        body limit (its errors are the caller's to name)."""
+        limit = self.limits.max_body_bytes
+        parts: list[bytes] = []
+        size = 0
+        for chunk in chunks:
+            if self.aborted or time.monotonic() >= until:
+                raise self._timeout_error(f"reading the body of {url}")
+            data = decoder.decode(chunk, limit - size + 1)
+            size += len(data)
+            if size > limit:
+                raise self._too_large(url)
+            parts.append(data)
+        return parts
 
     def _too_large(self, url: str) -> ScrapeError:
         return ScrapeError(

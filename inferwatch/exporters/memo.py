@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from inferwatch.exporters import textparse
-from inferwatch.exporters.samples import SeriesKey
+from inferwatch.exporters.samples import SeriesKey, rebucket
 from inferwatch.exporters.textparse import Labels, ParseError
 
 Plan = list[tuple[SeriesKey, list[int] | None, bool, int, int]]
@@ -105,21 +105,7 @@ def rebucket_positions(
     """:func:`~inferwatch.exporters.samples.rebucket` on positions: where each canonical count comes
     from among ``source`` (``(bound, position)`` sorted by bound; ``zero`` for none), and whether all
     are exact."""
-    out: list[int] = []
-    exact = True
-    j = 0
-    n = len(source)
-    last = zero
-    for bound in canonical:
-        while j < n and source[j][0] < bound:
-            last = source[j][1]
-            j += 1
-        if j < n and source[j][0] == bound:
-            out.append(source[j][1])
-        else:
-            out.append(last)
-            exact = False
-    return out, exact
+    return rebucket(source, canonical, zero)
 
 
 def bucket_le(

@@ -5,11 +5,13 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from inferwatch.core import vocabulary as V
 from inferwatch.exporters.textparse import NonFiniteSample
 
 SeriesKey = tuple[tuple[str, str], ...]
+T = TypeVar("T")
 
 
 def series_key(labels: Mapping[str, str], extra: Mapping[str, str] | None = None) -> SeriesKey:
@@ -39,20 +41,25 @@ class HistogramValue:
         self.total += other.total
 
 
-def rebucket(source: Sequence[tuple[float, float]], canonical: Sequence[float]) -> tuple[list[float], bool]:
+def rebucket(
+    source: Sequence[tuple[float, T]],
+    canonical: Sequence[float],
+    zero: T = 0.0,  # type: ignore[assignment]
+) -> tuple[list[T], bool]:
     """Map cumulative source buckets onto canonical boundaries.
 
     ``source`` holds ``(upper_bound, cumulative_count)`` for the finite source buckets, sorted by
     bound. For each canonical boundary the count is exact when the source has that boundary;
-    otherwise it is the cumulative count at the largest source boundary below it (0 if none), which
-    never overstates the number of observations at or below the boundary. Returns the counts and
-    whether every boundary was exact.
+    otherwise it is the cumulative count at the largest source boundary below it (``zero`` if none),
+    which never overstates the number of observations at or below the boundary. Returns the counts and
+    whether every boundary was exact. (The exporter's plans run it once on the counts' positions instead
+    of their values: :func:`inferwatch.exporters.memo.rebucket_positions`.)
     """
-    counts: list[float] = []
+    counts: list[T] = []
     exact = True
     j = 0
     n = len(source)
-    last = 0.0
+    last = zero
     for bound in canonical:
         while j < n and source[j][0] < bound:
             last = source[j][1]

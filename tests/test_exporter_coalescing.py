@@ -21,7 +21,7 @@ import httpx
 import pytest
 
 from inferwatch.core import vocabulary as V
-from inferwatch.exporters import server
+from inferwatch.exporters import httpd
 from inferwatch.exporters.engines import EngineRegistry
 from inferwatch.exporters.runtime import TargetScraper
 from inferwatch.exporters.server import Exporter, arrived_at
@@ -110,13 +110,13 @@ def test_arrived_at_is_now_where_the_kernel_does_not_tell() -> None:
 @contextmanager
 def late_reader(monkeypatch: pytest.MonkeyPatch, pause: float) -> Iterator[None]:
     """The exporter accepts each connection ``pause`` seconds late, as when its threads are busy."""
-    accept = server._Server.get_request
+    accept = httpd.HttpServer.accept
 
-    def slow(self: server._Server) -> tuple[socket.socket, object]:
+    def slow(self: httpd.HttpServer) -> tuple[socket.socket, object]:
         time.sleep(pause)
         return accept(self)
 
-    monkeypatch.setattr(server._Server, "get_request", slow)
+    monkeypatch.setattr(httpd.HttpServer, "accept", slow)
     yield
 
 
@@ -126,13 +126,13 @@ def test_a_burst_of_scrapes_waits_in_the_kernel_queue_while_the_exporter_is_busy
     """32 connections at once to an exporter that accepts none for now: all are queued by the kernel (with
     socketserver's backlog of 5, those past the 6th were dropped, and their clients tried again 1 s later)."""
     busy = threading.Event()
-    accept = server._Server.get_request
+    accept = httpd.HttpServer.accept
 
-    def held(self: server._Server) -> tuple[socket.socket, object]:
+    def held(self: httpd.HttpServer) -> tuple[socket.socket, object]:
         busy.wait(10)
         return accept(self)
 
-    monkeypatch.setattr(server._Server, "get_request", held)
+    monkeypatch.setattr(httpd.HttpServer, "accept", held)
     exporter = Exporter(
         config=ExporterConfig(listen="127.0.0.1:0", targets=[target("http://127.0.0.1:9/metrics")]),
         registry=registry,
@@ -192,6 +192,6 @@ def test_scrapes_read_late_by_a_busy_exporter_share_the_flight_they_arrived_duri
     assert len(answers) == 16
     for raw in answers:
         head, _, body = raw.partition(b"\r\n\r\n")
-        assert head.startswith(b"HTTP/1.0 200"), head[:80]
+        assert head.startswith(b"HTTP/1.1 200"), head[:80]
         assert value(body.decode(), V.EXPORTER_UP.name, target="e") == 1.0
     assert engine.hits["/metrics"] == 1

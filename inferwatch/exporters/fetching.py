@@ -7,10 +7,13 @@ exporter) aborts a request whose deadline passed by shutting its socket down, wh
 blocked on an engine that dribbles. Bodies are read as a stream and decompressed here, at most
 ``max_body_bytes`` after decompression: a gzip bomb costs the limit, not its inflated size.
 
-Plain ``http://`` requests go through :mod:`http.client` on a connection of their own (closed after
-the body): the same bounds at a third of httpx's CPU per request, which matters since a scrape's
-fixed cost is mostly its requests. ``https://``, a proxy from the environment or a transport given
-to the client (tests) take httpx.
+Plain ``http://`` requests go through :mod:`http.client`: the same bounds at a third of httpx's CPU
+per request, which matters since a scrape's fixed cost is mostly its requests. A target keeps its
+connections open between scrapes (a :class:`Connections` of its own), as Prometheus does: a connection
+is reused only after a whole answer was read without ``Connection: close``, never after an abort or
+an error, and not when the engine has closed it meanwhile (uvicorn closes an idle one after 5 s); a
+request that finds a reused connection closed under it is sent once more on a new one.
+``https://``, a proxy from the environment or a transport given to the client (tests) take httpx.
 
 Redirects are followed here, one request at a time (no redirect body is read), at most
 :data:`MAX_REDIRECTS` in a row and only as far as the target's :data:`RedirectPolicy` allows: by
@@ -25,6 +28,7 @@ import contextlib
 import heapq
 import http.client
 import itertools
+import select
 import socket
 import threading
 import time
@@ -132,11 +136,63 @@ def _socket_of(response: httpx.Response) -> socket.socket | None:
     return sock if isinstance(sock, socket.socket) else None
 
 
+MAX_IDLE_CONNECTIONS = 4
+"""kept open per target and engine address (a scrape, a background poll and the info request)."""
+
+
+class Connections:
+    """A target's idle plain-HTTP connections, by (host, port); thread-safe."""
+
+    def __init__(self) -> None:
+        self._idle: dict[tuple[str, int], list[http.client.HTTPConnection]] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def take(self, host: str, port: int) -> http.client.HTTPConnection | None:
+        """An idle connection to ``host:port`` that the engine has not closed, or None."""
+        while True:
+            with self._lock:
+                idle = self._idle.get((host, port))
+                conn = idle.pop() if idle else None
+            if conn is None:
+                return None
+            if conn.sock is not None and _still_open(conn.sock):
+                return conn
+            conn.close()
+
+    def give(self, host: str, port: int, conn: http.client.HTTPConnection) -> None:
+        with self._lock:
+            idle = self._idle.setdefault((host, port), [])
+            if not self._closed and len(idle) < MAX_IDLE_CONNECTIONS:
+                idle.append(conn)
+                return
+        conn.close()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            conns = [c for idle in self._idle.values() for c in idle]
+            self._idle.clear()
+        for conn in conns:
+            conn.close()
+
+
+def _still_open(sock: socket.socket) -> bool:
+    """Whether an idle connection may carry a request: nothing to read on it (an engine that closed
+    it makes it readable, at EOF; an idle connection has nothing else to say)."""
+    try:
+        ready, _, _ = select.select([sock], [], [], 0)
+    except (OSError, ValueError):
+        return False
+    return not ready
+
+
 class EngineRequest:
     """The requests of one scrape or poll of a target (see the module docstring); thread-safe abort."""
 
-    def __init__(self, client: httpx.Client, base: str, limits: Limits) -> None:
+    def __init__(self, client: httpx.Client, base: str, limits: Limits, connections: Connections | None = None) -> None:
         self.client = client
+        self.connections = connections
         self.base = base
         self.limits = limits
         self.deadline = Deadline(limits.timeout_seconds)
@@ -257,18 +313,37 @@ class EngineRequest:
         if parts.query:
             target += "?" + parts.query
         try:
-            conn = http.client.HTTPConnection(parts.hostname or "", parts.port or 80, timeout=remaining)
+            host, port = parts.hostname or "", parts.port or 80
         except ValueError as exc:  # a bad port
             raise ScrapeError(f"cannot fetch {url}: {exc}", V.SCRAPE_ERROR_UNREACHABLE) from None
+        kept = self.connections.take(host, port) if self.connections is not None else None
+        try:
+            return self._exchange(kept or http.client.HTTPConnection(host, port), url, target, allow_404, remaining)
+        except _Stale:  # the engine closed the kept connection as the request went out: once more, anew
+            return self._exchange(http.client.HTTPConnection(host, port), url, target, allow_404, remaining)
+
+    def _exchange(
+        self, conn: http.client.HTTPConnection, url: str, target: str, allow_404: bool, remaining: float
+    ) -> tuple[str, str | None]:
+        """The request on ``conn``; the connection is kept for the next one when its answer was read
+        whole and the engine keeps it open, else closed."""
+        reused = conn.sock is not None
+        keep = False
         sock: socket.socket | None = None
         try:
             try:
-                conn.connect()
+                if reused:
+                    assert conn.sock is not None
+                    conn.sock.settimeout(remaining)
+                else:
+                    conn.timeout = remaining
+                    conn.connect()
                 sock = conn.sock
                 self._track(sock, True)
                 conn.putrequest("GET", target, skip_accept_encoding=True)
                 conn.putheader("Accept-Encoding", ACCEPT_ENCODING)
-                conn.putheader("Connection", "close")
+                if self.connections is None:
+                    conn.putheader("Connection", "close")
                 conn.endheaders()
                 response = conn.getresponse()
             except TimeoutError:
@@ -276,6 +351,8 @@ class EngineRequest:
             except (http.client.HTTPException, OSError) as exc:
                 if self.aborted or self.deadline.expired():
                     raise self._timeout_error(f"waiting for {url}") from None
+                if reused and isinstance(exc, (http.client.RemoteDisconnected, ConnectionError)):
+                    raise _Stale from None
                 raise ScrapeError(
                     f"cannot fetch {url}: {exc.__class__.__name__}: {exc}", V.SCRAPE_ERROR_UNREACHABLE
                 ) from None
@@ -286,11 +363,17 @@ class EngineRequest:
                 return "", None
             if status != 200:
                 raise ScrapeError(f"{url} answered HTTP {status}", V.SCRAPE_ERROR_HTTP_STATUS)
-            return self._read_plain(response, url, time.monotonic() + remaining), None
+            body = self._read_plain(response, url, time.monotonic() + remaining)
+            keep = self.connections is not None and not response.will_close and not self.aborted
+            response.close()  # read whole: the connection may carry the next request
+            return body, None
         finally:
             self._track(sock, False)
-            with contextlib.suppress(Exception):  # closing a connection cut by abort() may complain
-                conn.close()
+            if keep and self.connections is not None:
+                self.connections.give(conn.host, conn.port, conn)
+            else:
+                with contextlib.suppress(Exception):  # closing a connection cut by abort() may complain
+                    conn.close()
 
     def _read_plain(self, response: http.client.HTTPResponse, url: str, until: float) -> str:
         limit = self.limits.max_body_bytes
@@ -377,6 +460,10 @@ class EngineRequest:
             f"the body of {url} exceeds {self.limits.max_body_bytes} bytes (after decompression)",
             V.SCRAPE_ERROR_BODY_TOO_LARGE,
         )
+
+
+class _Stale(Exception):
+    """A kept connection that the engine had closed: the request is sent again on a new one."""
 
 
 def _charset(content_type: str) -> str | None:

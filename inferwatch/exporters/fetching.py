@@ -485,7 +485,9 @@ def _plain_http_ok(client: httpx.Client) -> bool:
 
 
 class Watchdog:
-    """Aborts every watched :class:`EngineRequest` whose deadline passed (one thread, started lazily)."""
+    """Aborts every watched :class:`EngineRequest` whose deadline passed (one thread, started lazily).
+    It sleeps until the first deadline of a request still running: a request that finished in time
+    costs it no wake-up of its own (one scrape a second with a 10 s deadline woke it every second)."""
 
     def __init__(self) -> None:
         self._clock = time.monotonic
@@ -522,12 +524,17 @@ class Watchdog:
             self._thread.join(timeout=2)
 
     def _run(self) -> None:
+        heap = self._heap
         while True:
             with self._cond:
-                while not self._stopped and (not self._heap or self._heap[0][0] > self._clock()):
-                    timeout = self._heap[0][0] - self._clock() if self._heap else None
-                    self._cond.wait(timeout)
-                if self._stopped:
-                    return
-                _, _, request = heapq.heappop(self._heap)
+                while True:
+                    if self._stopped:
+                        return
+                    # requests that finished in time need no abort: forget them without waking for each
+                    while heap and heap[0][2].finished:
+                        heapq.heappop(heap)
+                    if heap and heap[0][0] <= self._clock():
+                        break
+                    self._cond.wait(heap[0][0] - self._clock() if heap else None)
+                _, _, request = heapq.heappop(heap)
             request.abort()

@@ -22,7 +22,7 @@ import operator
 import re
 from collections.abc import Callable, Container
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from inferwatch.core import vocabulary as V
 
@@ -95,17 +95,48 @@ def parse_value(text: str) -> float:
         raise ParseError(f"invalid sample value {text!r}") from None
 
 
+class _Mark:
+    """What a comment or blank line's head stands for in :attr:`LineCache.heads` (``family``: the
+    family a well-formed ``# TYPE`` line types; ``blank``: the empty line, whose head ``""`` a line
+    without any space has too)."""
+
+    __slots__ = ("blank", "family")
+
+    def __init__(self, family: str | None = None, blank: bool = False) -> None:
+        self.family = family
+        self.blank = blank
+
+
+_COMMENT = _Mark()
+_BLANK = _Mark(blank=True)
+_Head = _Entry | Literal[False] | _Mark
+
+
 class LineCache:
-    """What the sample lines of one target's earlier payloads parsed to, by *head* (a line less its
-    value): an engine's page keeps its shape from scrape to scrape, so a line whose head was seen costs
-    one dict look-up instead of a label parse. Kept by a target's session; bounded to a few times the
+    """What the lines of one target's earlier payloads parsed to, by *head* (a line less its last
+    space-separated word, the value): an engine's page keeps its shape from scrape to scrape, so a line
+    whose head was seen costs one dict look-up instead of a label parse, and a page whose heads are
+    those of the last page, line for line, is read by the last page's plan: its values are taken by
+    position, with no decision per line. Kept by a target's session; bounded to a few times the
     lines of the last payload (:func:`parse` empties it past that). Only for one set of wanted names."""
 
-    __slots__ = ("canon", "heads", "labels", "last_entries", "plan", "wanted")
+    __slots__ = (
+        "blank_at",
+        "canon",
+        "heads",
+        "labels",
+        "last_entries",
+        "marks",
+        "plan",
+        "types_at",
+        "values_at",
+        "wanted",
+    )
 
     def __init__(self) -> None:
-        self.heads: dict[str, _Entry | Literal[False]] = {}
-        """head -> (sample name, labels, series id), or False for a line of a name not wanted."""
+        self.heads: dict[str, _Head] = {}
+        """head -> (sample name, labels, series id); False for a line of a name not wanted; a
+        :class:`_Mark` for a comment or blank line."""
         self.labels: dict[str, Labels] = {}
         """raw label text -> labels, in source order."""
         self.canon: dict[tuple[str, Labels], tuple[str, Labels]] = {}
@@ -116,6 +147,14 @@ class LineCache:
         """the wanted lines' entries of the last page, in page order."""
         self.plan: list[tuple[str, list[Labels], _Pick]] = []
         """how the last page's values group into samples per name (see :func:`_grouping`)."""
+        self.marks: list[_Head] | None = None
+        """what each line's head of the last page stood for; None when a line's head is not cached."""
+        self.values_at: list[int] = []
+        """the last page's lines of wanted samples (their entries are :attr:`last_entries`)."""
+        self.types_at: list[int] = []
+        """the last page's ``# TYPE`` lines."""
+        self.blank_at: list[int] = []
+        """the last page's blank lines (a line without a space has the same head: it is checked)."""
 
     def clear(self) -> None:
         self.heads.clear()
@@ -123,6 +162,7 @@ class LineCache:
         self.canon.clear()
         self.last_entries = []
         self.plan = []
+        self.marks = None
 
 
 def parse(text: str, wanted: Container[str], cache: LineCache | None = None) -> ParsedText:
@@ -181,34 +221,27 @@ def _parse_cached(text: str, wanted: Container[str], cache: LineCache) -> Parsed
     out = ParsedText()
     families = out.families
     get_head = cache.heads.get
-    entries: list[_Entry] = []
-    values: list[str] = []
-    add_entry = entries.append
-    add_value = values.append
     lines = text.split("\n")
-    for line in lines:
-        if not line:
-            continue
-        if line[0] == "#":
-            if line.startswith("# TYPE "):
-                _type_line(line, families)
-            continue
-        head, _, value = line.rpartition(" ")
-        entry = get_head(head)
-        if entry is None:
-            entry, value = _sample(line, 0, wanted, cache, True)
-        if entry is not False:
-            add_entry(entry)
-            add_value(value)
+    parts = [line.rpartition(" ") for line in lines]
+    heads = [p[0] for p in parts]
+    if list(map(get_head, heads)) == cache.marks and not any(parts[i][2] for i in cache.blank_at):
+        # the last page's shape, line for line: its plan says where the values are
+        values = [parts[i][2] for i in cache.values_at]
+        marks = cache.marks
+        for i in cache.types_at:
+            families[cast(_Mark, marks[i]).family or ""] = parts[i][2]
+    else:
+        values, entries = _read_lines(lines, wanted, cache, families)
+        if entries != cache.last_entries:
+            if len({sid for _, _, sid in entries}) != len(entries):
+                raise DuplicateSeries("a series is given twice in one page")
+            cache.plan = _grouping(entries)
+            cache.last_entries = entries
+        _remember_page(cache, list(map(get_head, heads)))
     try:
         numbers = list(map(float, values))
     except ValueError:
         raise ParseError("invalid sample value") from None
-    if entries != cache.last_entries:
-        if len({sid for _, _, sid in entries}) != len(entries):
-            raise DuplicateSeries("a series is given twice in one page")
-        cache.plan = _grouping(entries)
-        cache.last_entries = entries
     samples = out.samples
     for name, labels, pick in cache.plan:
         got = pick(numbers)
@@ -216,6 +249,51 @@ def _parse_cached(text: str, wanted: Container[str], cache: LineCache) -> Parsed
     if len(cache.heads) > 2 * len(lines) + 256:  # shapes that do not repeat (timestamps, churning labels)
         cache.clear()
     return out
+
+
+def _read_lines(
+    lines: list[str], wanted: Container[str], cache: LineCache, families: dict[str, str]
+) -> tuple[list[str], list[_Entry]]:
+    """The wanted lines' value texts and entries, line by line, caching each head met (the first page,
+    or one whose shape changed); ``families`` gets the ``# TYPE`` lines."""
+    heads = cache.heads
+    get_head = heads.get
+    values: list[str] = []
+    entries: list[_Entry] = []
+    for line in lines:
+        if not line:
+            heads[""] = _BLANK
+            continue
+        if line[0] == "#":
+            head, _, word = line.rpartition(" ")
+            if line.startswith("# TYPE "):
+                _type_line(line, families)
+                parts = line.split(" ")
+                if len(parts) == 4 and parts[2] and word and word == word.strip():
+                    heads[head] = _Mark(parts[2])  # else not cached: such a page is read line by line
+            elif head not in heads:
+                heads[head] = _COMMENT
+            continue
+        head, _, value = line.rpartition(" ")
+        entry = get_head(head)
+        if entry is None or entry.__class__ is _Mark:
+            entry, value = _sample(line, 0, wanted, cache, True)
+        if entry is not False:
+            entries.append(cast(_Entry, entry))
+            values.append(value)
+    return values, entries
+
+
+def _remember_page(cache: LineCache, marks: list[_Head | None]) -> None:
+    """Keep the plan of a page just read line by line: where its values and TYPE lines are; none when
+    a line's head is not cached (a sample with a timestamp, an odd TYPE line)."""
+    if None in marks:
+        cache.marks = None
+        return
+    cache.marks = cast(list[_Head], marks)
+    cache.values_at = [i for i, m in enumerate(marks) if m.__class__ is tuple]
+    cache.types_at = [i for i, m in enumerate(marks) if isinstance(m, _Mark) and m.family is not None]
+    cache.blank_at = [i for i, m in enumerate(marks) if m is _BLANK]
 
 
 def _grouping(entries: list[_Entry]) -> list[tuple[str, list[Labels], _Pick]]:

@@ -1,11 +1,13 @@
 """Benchmark: the exporter's CPU per scrape against Prometheus's own, real processes side by side.
 
-For each engine page (vLLM with 8 data-parallel ranks, TGI, trtllm-serve, Triton), a tiny HTTP server
-in this process serves the static page (and the engine's info endpoint) three times over, and four
-real processes run: Prometheus scraping the raw page (*direct*); Prometheus scraping it with
-``metric_relabel_configs`` that rename the engine's families and labels to the canonical ones (the
-user's alternative to a sidecar, *relabel*); the exporter (``inferwatch exporter serve``) in front of
-the page; and Prometheus scraping the exporter. Every Prometheus scrapes each second.
+For each engine page (vLLM with 8 data-parallel ranks, TGI, trtllm-serve, Triton), a tiny HTTP server in
+this process serves the page (and the engine's info endpoint) three times over, its values moving from
+request to request as under load (every sample line's value differs from the last scrape's; the values
+stop moving for the checks at the end), and four real processes run: Prometheus scraping the raw page
+(*direct*); Prometheus scraping it with ``metric_relabel_configs`` that rename the engine's families and
+labels to the canonical ones (the user's alternative to a sidecar, *relabel*); the exporter
+(``inferwatch exporter serve``) in front of the page; and Prometheus scraping the exporter. Every
+Prometheus scrapes each second.
 
 Measured over the run, after a warm-up: each process's CPU time, divided by the scrapes it served or
 made (the page servers count the requests). The CPU time is the sum of the process's threads'
@@ -125,18 +127,49 @@ def pages() -> list[Page]:
     ]
 
 
-class PageServer:
-    """Static bodies at fixed paths on 127.0.0.1, with HTTP/1.1 keep-alive as engines serve them (uvicorn,
-    axum, Triton): a scraper reuses its connection. Counts the requests per path."""
+VARIANTS = 16
+"""pages a page server cycles through: the engine's values move between scrapes, as under load."""
 
-    def __init__(self, routes: dict[str, tuple[str, bytes]]) -> None:
+
+def moving(body: bytes, step: int) -> bytes:
+    """``body`` with every finite sample value raised by ``step`` (a histogram's buckets all alike, so
+    they stay cumulative): the page of an engine ``step`` moments later, every line's value new."""
+    out = []
+    for line in body.decode().split("\n"):
+        head, _, value = line.rpartition(" ")
+        if head and line[0] != "#":
+            try:
+                number = float(value)
+            except ValueError:
+                number = math.nan
+            if math.isfinite(number):
+                line = f"{head} {number + step!r}"
+        out.append(line)
+    return "\n".join(out).encode()
+
+
+class PageServer:
+    """Bodies at fixed paths on 127.0.0.1, with HTTP/1.1 keep-alive as engines serve them (uvicorn,
+    axum, Triton): a scraper reuses its connection. Counts the requests per path. The engine page's
+    values move from request to request (:data:`VARIANTS` pages in turn) until :meth:`hold`, from
+    when it serves the page as it is (so that every side's last scrape reads the same values)."""
+
+    def __init__(self, routes: dict[str, tuple[str, bytes]], page_path: str | None = None) -> None:
         self.routes = routes
         self.hits: dict[str, int] = {}
         self.url = ""
         self._server: ThreadingHTTPServer | None = None
+        self.variants: list[bytes] = []
+        if page_path is not None:
+            self.variants = [moving(routes[page_path][1], step) for step in range(1, VARIANTS + 1)]
+        self.page_path = page_path
+        self.held = False
+
+    def hold(self) -> None:
+        self.held = True
 
     def start(self) -> str:
-        routes, hits = self.routes, self.hits
+        routes, hits, server_self = self.routes, self.hits, self
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
@@ -147,6 +180,8 @@ class PageServer:
                 path = self.path.split("?", 1)[0]
                 hits[path] = hits.get(path, 0) + 1
                 ctype, body = routes.get(path, ("text/plain", b"not found\n"))
+                if path == server_self.page_path and server_self.variants and not server_self.held:
+                    body = server_self.variants[hits[path] % VARIANTS]
                 self.send_response(200 if path in routes else 404)
                 self.send_header("Content-Type", ctype)
                 self.send_header("Content-Length", str(len(body)))
@@ -310,7 +345,7 @@ class _Side:
 
 @contextmanager
 def _servers(page: Page) -> Iterator[dict[str, PageServer]]:
-    servers = {side: PageServer(page.routes) for side in SIDES}
+    servers = {side: PageServer(page.routes, page.path) for side in SIDES}
     try:
         for server in servers.values():
             server.start()
@@ -355,6 +390,9 @@ def run(page: Page, prometheus: str, warmup: float, seconds: float, tmp: Path) -
             start = {name: side.settled() for name, side in sides.items()}
             time.sleep(seconds)
             end = {name: side.settled() for name, side in sides.items()}
+            for server in servers.values():  # the values stop moving: every side's last scrape reads them
+                server.hold()
+            time.sleep(2.5)
             per_scrape = {}
             counted = {}
             for name in sides:

@@ -65,6 +65,7 @@ COMPONENTS: dict[str, str | None] = {
     "test_engine_isolation.py": "exporters",
     "test_exporter_coalescing.py": "exporters",
     "test_exporter_httpd.py": "exporters",
+    "test_exporter_wire.py": "exporters",
     "test_exporter_hardening.py": "exporters",
     "test_exporter_memo.py": "exporters",
     "test_exporter_redirects.py": "exporters",

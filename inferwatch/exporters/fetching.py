@@ -7,8 +7,9 @@ exporter) aborts a request whose deadline passed by shutting its socket down, wh
 blocked on an engine that dribbles. Bodies are read as a stream and decompressed here, at most
 ``max_body_bytes`` after decompression: a gzip bomb costs the limit, not its inflated size.
 
-Plain ``http://`` requests go through :mod:`http.client`: the same bounds at a third of httpx's CPU
-per request, which matters since a scrape's fixed cost is mostly its requests. A target keeps its
+Plain ``http://`` requests go through :mod:`inferwatch.exporters.wire`: the same bounds at a fraction
+of httpx's CPU per request (and of :mod:`http.client`'s), which matters since a scrape's fixed cost is
+mostly its requests. A target keeps its
 connections open between scrapes (a :class:`Connections` of its own), as Prometheus does: a connection
 is reused only after a whole answer was read without ``Connection: close``, never after an abort or
 an error, and not when the engine has closed it meanwhile (uvicorn closes an idle one after 5 s); a
@@ -26,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import heapq
-import http.client
 import itertools
 import select
 import socket
@@ -41,6 +41,7 @@ from urllib.parse import urljoin, urlsplit
 import httpx
 
 from inferwatch.core import vocabulary as V
+from inferwatch.exporters import wire
 from inferwatch.exporters.mapping import ScrapeError
 
 MAX_REDIRECTS = 5
@@ -54,7 +55,6 @@ ACCEPT_ENCODING = "gzip"
 """what the exporter asks for; an engine that answers ``deflate`` or ``identity`` is read too."""
 REDIRECT_STATUSES: Final = frozenset({301, 302, 303, 307, 308})
 """statuses whose ``Location`` httpx follows (and so does the plain path)."""
-READ_CHUNK = 1 << 16
 
 
 class Deadline:
@@ -144,11 +144,11 @@ class Connections:
     """A target's idle plain-HTTP connections, by (host, port); thread-safe."""
 
     def __init__(self) -> None:
-        self._idle: dict[tuple[str, int], list[http.client.HTTPConnection]] = {}
+        self._idle: dict[tuple[str, int], list[wire.Connection]] = {}
         self._lock = threading.Lock()
         self._closed = False
 
-    def take(self, host: str, port: int) -> http.client.HTTPConnection | None:
+    def take(self, host: str, port: int) -> wire.Connection | None:
         """An idle connection to ``host:port`` that the engine has not closed, or None."""
         while True:
             with self._lock:
@@ -160,7 +160,7 @@ class Connections:
                 return conn
             conn.close()
 
-    def give(self, host: str, port: int, conn: http.client.HTTPConnection) -> None:
+    def give(self, host: str, port: int, conn: wire.Connection) -> None:
         with self._lock:
             idle = self._idle.setdefault((host, port), [])
             if not self._closed and len(idle) < MAX_IDLE_CONNECTIONS:
@@ -307,7 +307,8 @@ class EngineRequest:
         raise ScrapeError(f"more than {MAX_REDIRECTS} redirects in a row, the last to {url}", V.SCRAPE_ERROR_REDIRECT)
 
     def _get_plain(self, url: str, allow_404: bool, remaining: float) -> tuple[str, str | None]:
-        """One plain-HTTP request with :mod:`http.client`: the body, or the ``Location`` of a redirect."""
+        """One plain-HTTP request (:mod:`inferwatch.exporters.wire`): the body, or the ``Location`` of a
+        redirect."""
         parts = urlsplit(url)
         target = parts.path or "/"
         if parts.query:
@@ -317,55 +318,55 @@ class EngineRequest:
         except ValueError as exc:  # a bad port
             raise ScrapeError(f"cannot fetch {url}: {exc}", V.SCRAPE_ERROR_UNREACHABLE) from None
         kept = self.connections.take(host, port) if self.connections is not None else None
-        try:
-            return self._exchange(kept or http.client.HTTPConnection(host, port), url, target, allow_404, remaining)
-        except _Stale:  # the engine closed the kept connection as the request went out: once more, anew
-            return self._exchange(http.client.HTTPConnection(host, port), url, target, allow_404, remaining)
+        for conn in (kept, wire.Connection(host, port)):
+            if conn is None:
+                continue
+            try:
+                return self._exchange(conn, url, target, allow_404, remaining)
+            except wire.Stale:  # on a kept connection: the engine closed it as the request went out
+                if conn is not kept:
+                    break
+        raise ScrapeError(f"cannot fetch {url}: the connection closed unanswered", V.SCRAPE_ERROR_UNREACHABLE)
 
     def _exchange(
-        self, conn: http.client.HTTPConnection, url: str, target: str, allow_404: bool, remaining: float
+        self, conn: wire.Connection, url: str, target: str, allow_404: bool, remaining: float
     ) -> tuple[str, str | None]:
         """The request on ``conn``; the connection is kept for the next one when its answer was read
-        whole and the engine keeps it open, else closed."""
-        reused = conn.sock is not None
+        whole and the engine keeps it open, else closed. Raises :class:`wire.Stale` as it comes."""
         keep = False
-        sock: socket.socket | None = None
+        sock = conn.sock
         try:
             try:
-                if reused:
-                    assert conn.sock is not None
-                    conn.sock.settimeout(remaining)
+                if sock is None:
+                    sock = conn.open(remaining)
                 else:
-                    conn.timeout = remaining
-                    conn.connect()
-                sock = conn.sock
+                    sock.settimeout(remaining)
                 self._track(sock, True)
-                conn.putrequest("GET", target, skip_accept_encoding=True)
-                conn.putheader("Accept-Encoding", ACCEPT_ENCODING)
+                headers = {"Accept-Encoding": ACCEPT_ENCODING}
                 if self.connections is None:
-                    conn.putheader("Connection", "close")
-                conn.endheaders()
-                response = conn.getresponse()
+                    headers["Connection"] = "close"
+                answer = conn.request(target, headers)
             except TimeoutError:
                 raise self._timeout_error(f"waiting for {url}") from None
-            except (http.client.HTTPException, OSError) as exc:
+            except wire.Stale:
                 if self.aborted or self.deadline.expired():
                     raise self._timeout_error(f"waiting for {url}") from None
-                if reused and isinstance(exc, (http.client.RemoteDisconnected, ConnectionError)):
-                    raise _Stale from None
+                raise
+            except (wire.WireError, OSError) as exc:
+                if self.aborted or self.deadline.expired():
+                    raise self._timeout_error(f"waiting for {url}") from None
                 raise ScrapeError(
                     f"cannot fetch {url}: {exc.__class__.__name__}: {exc}", V.SCRAPE_ERROR_UNREACHABLE
                 ) from None
-            status = response.status
-            if status in REDIRECT_STATUSES and response.getheader("location"):
-                return "", urljoin(url, response.getheader("location", ""))
+            status = answer.status
+            if status in REDIRECT_STATUSES and answer.header("location"):
+                return "", urljoin(url, answer.header("location"))
             if allow_404 and status == 404:
                 return "", None
             if status != 200:
                 raise ScrapeError(f"{url} answered HTTP {status}", V.SCRAPE_ERROR_HTTP_STATUS)
-            body = self._read_plain(response, url, time.monotonic() + remaining)
-            keep = self.connections is not None and not response.will_close and not self.aborted
-            response.close()  # read whole: the connection may carry the next request
+            body = self._read_plain(answer, url, time.monotonic() + remaining)
+            keep = self.connections is not None and answer.keep and answer.complete and not self.aborted
             return body, None
         finally:
             self._track(sock, False)
@@ -375,29 +376,26 @@ class EngineRequest:
                 with contextlib.suppress(Exception):  # closing a connection cut by abort() may complain
                     conn.close()
 
-    def _read_plain(self, response: http.client.HTTPResponse, url: str, until: float) -> str:
+    def _read_plain(self, answer: wire.Answer, url: str, until: float) -> str:
         limit = self.limits.max_body_bytes
-        decoder = _Inflate((response.getheader("content-encoding") or "").strip().lower())
-        declared = (response.getheader("content-length") or "").strip()
-        if decoder.identity and declared.isdigit() and int(declared) > limit:
+        decoder = _Inflate(answer.header("content-encoding").strip().lower())
+        if decoder.identity and answer.length is not None and answer.length > limit:
             raise self._too_large(url)
         try:
-            parts = self._gather(iter(lambda: response.read1(READ_CHUNK), b""), decoder, url, until)
-            if response.length:  # read1 ends quietly where a Content-Length body was cut short
-                raise http.client.IncompleteRead(b"", response.length)
+            parts = self._gather(answer.chunks(), decoder, url, until)
             tail = decoder.flush()
-        except (http.client.HTTPException, OSError) as exc:
+        except (wire.WireError, OSError) as exc:
             if self.aborted or time.monotonic() >= until:
                 raise self._timeout_error(f"reading the body of {url}") from None
-            if isinstance(exc, http.client.IncompleteRead):
-                raise ScrapeError(f"the body of {url} was cut: {exc!r}", V.SCRAPE_ERROR_TRUNCATED) from None
+            if isinstance(exc, wire.Cut):
+                raise ScrapeError(f"the body of {url} was cut: {exc}", V.SCRAPE_ERROR_TRUNCATED) from None
             raise ScrapeError(
                 f"reading {url} failed: {exc.__class__.__name__}: {exc}", V.SCRAPE_ERROR_UNREACHABLE
             ) from None
         if sum(map(len, parts)) + len(tail) > limit:
             raise self._too_large(url)
         parts.append(tail)
-        charset = _charset(response.getheader("content-type") or "") or "utf-8"
+        charset = _charset(answer.header("content-type")) or "utf-8"
         try:
             return b"".join(parts).decode(charset, errors="replace")
         except LookupError:  # an unknown charset: httpx falls back to utf-8 too
@@ -460,10 +458,6 @@ class EngineRequest:
             f"the body of {url} exceeds {self.limits.max_body_bytes} bytes (after decompression)",
             V.SCRAPE_ERROR_BODY_TOO_LARGE,
         )
-
-
-class _Stale(Exception):
-    """A kept connection that the engine had closed: the request is sent again on a new one."""
 
 
 def _charset(content_type: str) -> str | None:

@@ -20,7 +20,7 @@ from inferwatch.core import vocabulary as V
 from inferwatch.exporters import fetching, wire
 from inferwatch.exporters.mapping import ScrapeError
 
-BODY = b"vllm:num_requests_running 1\n"
+BODY = b"a_gauge 1\n"
 
 
 @contextmanager
@@ -74,7 +74,7 @@ def kept(connections: fetching.Connections) -> int:
 
 CHUNKED = (
     b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Type: text/plain; charset=utf-8\r\n\r\n"
-    b"5;ext=1\r\nvllm:\r\n" + b"%x\r\n%s\r\n" % (len(BODY) - 5, BODY[5:]) + b"0\r\nX-Trailer: t\r\n\r\n"
+    b"5;ext=1\r\na_gau\r\n" + b"%x\r\n%s\r\n" % (len(BODY) - 5, BODY[5:]) + b"0\r\nX-Trailer: t\r\n\r\n"
 )
 
 

@@ -132,12 +132,30 @@ def test_a_cached_parse_reads_timestamps_and_odd_spacing_as_the_fresh_one() -> N
         # a TYPE line with a word more, and one with a word less
         _page("# HELP a_total A.", "# TYPE a_total counter x", 'a_total{x="1"} 5', "", "# TYPE b counter", "b 7"),
         _page("# HELP a_total A.", "# TYPE a_total", 'a_total{x="1"} 5', "", "# TYPE b counter", "b 7"),
+        _page("# HELP a_total A.", "# TYPE a_total  gauge", 'a_total{x="1"} 5', "", "# TYPE b counter", "b 7"),
         # a line more, a line less, two lines swapped
         _page("# HELP a_total A.", "# TYPE a_total counter", 'a_total{x="1"} 5', 'a_total{x="2"} 1', "", "b 7"),
         _page("# TYPE a_total counter", 'a_total{x="1"} 5', "", "# TYPE b counter", "b 7"),
         _page("# HELP a_total A.", "# TYPE a_total counter", "b 7", "", "# TYPE b counter", 'a_total{x="1"} 5'),
+        # a timestamp after a value (read line by line), a name that the last one's is a prefix of
+        _page(
+            "# HELP a_total A.", "# TYPE a_total counter", 'a_total{x="1"} 5 1700000000', "", "# TYPE b counter", "b 7"
+        ),
+        _page("# HELP a_total A.", "# TYPE a_total counter", 'a_total{x="1"} 5', "", "# TYPE b counter", "bb 7"),
     ],
-    ids=["values-and-types", "blank-to-junk", "bad-value", "type-word-more", "type-word-less", "more", "less", "swap"],
+    ids=[
+        "values-and-types",
+        "blank-to-junk",
+        "bad-value",
+        "type-word-more",
+        "type-word-less",
+        "type-two-spaces",
+        "more",
+        "less",
+        "swap",
+        "timestamp",
+        "longer-name",
+    ],
 )
 def test_a_page_read_by_the_last_pages_plan_parses_as_the_fresh_one(then: str) -> None:
     """The plan of a page (where its values are, line by line) serves the next page only when every
@@ -156,7 +174,7 @@ def test_a_page_read_by_the_last_pages_plan_parses_as_the_fresh_one(then: str) -
         got = textparse.parse(page, wanted, cache)
         assert (got.samples, got.families) == (want.samples, want.families)
         assert list(got.families.items()) == list(want.families.items())
-    assert cache.marks is not None  # the last page was read by its plan
+    assert cache.prefixes is not None  # the last page was read by its plan
 
 
 def test_a_page_with_timestamps_has_no_plan_and_parses_as_the_fresh_one() -> None:
@@ -165,7 +183,7 @@ def test_a_page_with_timestamps_has_no_plan_and_parses_as_the_fresh_one() -> Non
     for step in range(3):
         page = _page("# TYPE a_total counter", f'a_total{{x="1"}} {step} 17000000{step}', f'a_total{{x="2"}} {step}')
         assert textparse.parse(page, wanted, cache) == textparse.parse(page, wanted)
-        assert cache.marks is None
+        assert cache.prefixes is None
 
 
 def test_the_line_cache_is_bounded_when_heads_never_repeat() -> None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import operator
 import re
-from collections.abc import Callable, Container
+from collections.abc import Callable, Container, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal, cast
 
@@ -126,10 +126,11 @@ class LineCache:
         "heads",
         "labels",
         "last_entries",
-        "marks",
+        "pick",
         "plan",
-        "types_at",
-        "values_at",
+        "prefixes",
+        "types",
+        "value_slices",
         "wanted",
     )
 
@@ -147,12 +148,15 @@ class LineCache:
         """the wanted lines' entries of the last page, in page order."""
         self.plan: list[tuple[str, list[Labels], _Pick]] = []
         """how the last page's values group into samples per name (see :func:`_grouping`)."""
-        self.marks: list[_Head] | None = None
-        """what each line's head of the last page stood for; None when a line's head is not cached."""
-        self.values_at: list[int] = []
+        self.prefixes: list[str] | None = None
+        """each line of the last page up to its value (its head and the space; ``""`` for a blank
+        line); None when a line's head is not cached (a sample with a timestamp, an odd TYPE line)."""
+        self.pick: Callable[[list[str]], tuple[str, ...]] = _picker([])
         """the last page's lines of wanted samples (their entries are :attr:`last_entries`)."""
-        self.types_at: list[int] = []
-        """the last page's ``# TYPE`` lines."""
+        self.value_slices: list[slice] = []
+        """where the value starts on each of those lines."""
+        self.types: list[tuple[int, int, str]] = []
+        """the last page's ``# TYPE`` lines: (line, where its type starts, the family)."""
         self.blank_at: list[int] = []
         """the last page's blank lines (a line without a space has the same head: it is checked)."""
 
@@ -162,7 +166,7 @@ class LineCache:
         self.canon.clear()
         self.last_entries = []
         self.plan = []
-        self.marks = None
+        self.prefixes = None
 
 
 def parse(text: str, wanted: Container[str], cache: LineCache | None = None) -> ParsedText:
@@ -214,34 +218,28 @@ def _parse(text: str, wanted: Container[str], cache: LineCache, remember: bool) 
 
 
 def _parse_cached(text: str, wanted: Container[str], cache: LineCache) -> ParsedText:
-    """:func:`_parse` with ``cache``: a line whose head is known costs a look-up; the wanted lines'
-    entries and value texts are gathered flat, the values converted in one pass, and when the entries
-    are those of the last page (its shape did not change: no duplicate, same grouping) the samples are
-    grouped by the last page's plan. Its errors carry no line number (:func:`parse` finds it)."""
+    """:func:`_parse` with ``cache``. A page whose every line starts as the last page's did, up to its
+    value, is read by the last page's plan (:func:`_by_plan`); another is read line by line, where a
+    line whose head is known costs a look-up, and its plan is kept for the next. The values are
+    converted in one pass and grouped by the plan. Its errors carry no line number (:func:`parse`
+    finds it)."""
     out = ParsedText()
     families = out.families
-    get_head = cache.heads.get
     lines = text.split("\n")
-    parts = [line.rpartition(" ") for line in lines]
-    heads = [p[0] for p in parts]
-    if list(map(get_head, heads)) == cache.marks and not any(parts[i][2] for i in cache.blank_at):
-        # the last page's shape, line for line: its plan says where the values are
-        values = [parts[i][2] for i in cache.values_at]
-        marks = cache.marks
-        for i in cache.types_at:
-            families[cast(_Mark, marks[i]).family or ""] = parts[i][2]
-    else:
+    numbers = _by_plan(lines, cache, families)
+    if numbers is None:
+        families.clear()
         values, entries = _read_lines(lines, wanted, cache, families)
         if entries != cache.last_entries:
             if len({sid for _, _, sid in entries}) != len(entries):
                 raise DuplicateSeries("a series is given twice in one page")
             cache.plan = _grouping(entries)
             cache.last_entries = entries
-        _remember_page(cache, list(map(get_head, heads)))
-    try:
-        numbers = list(map(float, values))
-    except ValueError:
-        raise ParseError("invalid sample value") from None
+        _remember_page(cache, lines)
+        try:
+            numbers = list(map(float, values))
+        except ValueError:
+            raise ParseError("invalid sample value") from None
     samples = out.samples
     for name, labels, pick in cache.plan:
         got = pick(numbers)
@@ -284,15 +282,50 @@ def _read_lines(
     return values, entries
 
 
-def _remember_page(cache: LineCache, marks: list[_Head | None]) -> None:
-    """Keep the plan of a page just read line by line: where its values and TYPE lines are; none when
-    a line's head is not cached (a sample with a timestamp, an odd TYPE line)."""
+def _by_plan(lines: list[str], cache: LineCache, families: dict[str, str]) -> list[float] | None:
+    """The wanted values of a page of the last page's shape, taken by position (its TYPE lines into
+    ``families``); None when the page has another shape, or a value is not a plain number (then the
+    page is read line by line, which tells a timestamp from garbage)."""
+    prefixes = cache.prefixes
+    if (
+        prefixes is None
+        or len(lines) != len(prefixes)
+        or not all(map(str.startswith, lines, prefixes))
+        or any(lines[i] for i in cache.blank_at)
+    ):
+        return None
+    try:
+        numbers = list(map(float, cast(Iterator[str], map(operator.getitem, cache.pick(lines), cache.value_slices))))
+    except ValueError:
+        return None
+    for i, start, family in cache.types:
+        families[family] = lines[i][start:].strip()
+    return numbers
+
+
+def _picker(where: list[int]) -> Callable[[list[str]], tuple[str, ...]]:
+    """``lines`` -> the lines at ``where``, as a tuple (``operator.itemgetter`` returns one item bare)."""
+    if len(where) > 1:
+        return cast(Callable[[list[str]], tuple[str, ...]], operator.itemgetter(*where))
+    return lambda lines: tuple(lines[i] for i in where)
+
+
+def _remember_page(cache: LineCache, lines: list[str]) -> None:
+    """Keep the plan of a page just read line by line: each line up to its value, where the values
+    and TYPE lines are; none when a line's head is not cached."""
+    get_head = cache.heads.get
+    heads = [line.rpartition(" ")[0] for line in lines]
+    marks = list(map(get_head, heads))
     if None in marks:
-        cache.marks = None
+        cache.prefixes = None
         return
-    cache.marks = cast(list[_Head], marks)
-    cache.values_at = [i for i, m in enumerate(marks) if m.__class__ is tuple]
-    cache.types_at = [i for i, m in enumerate(marks) if isinstance(m, _Mark) and m.family is not None]
+    prefixes = cache.prefixes = ["" if m is _BLANK else h + " " for h, m in zip(heads, marks, strict=True)]
+    values_at = [i for i, m in enumerate(marks) if m.__class__ is tuple]
+    cache.pick = _picker(values_at)
+    cache.value_slices = [slice(len(prefixes[i]), None) for i in values_at]
+    cache.types = [
+        (i, len(prefixes[i]), m.family) for i, m in enumerate(marks) if isinstance(m, _Mark) and m.family is not None
+    ]
     cache.blank_at = [i for i, m in enumerate(marks) if m is _BLANK]
 
 

@@ -22,7 +22,7 @@ from inferwatch.core import vocabulary as V
 from inferwatch.exporters import fetching, httpd
 from inferwatch.exporters.engines import EngineRegistry
 from inferwatch.exporters.mapping import ScrapeError
-from inferwatch.exporters.runtime import TargetScraper
+from inferwatch.exporters.runtime import Done, TargetScraper
 from inferwatch.exporters.targets import TargetConfig
 from tests.conftest import ENGINE_FIXTURES
 
@@ -394,3 +394,17 @@ def test_a_request_cut_at_its_deadline_does_not_leave_its_connection_to_the_next
             fresh.finish()
         connections.close()
         assert engine.connections == 2
+
+
+def test_a_flight_done_flag_releases_every_waiter_and_times_out_unset() -> None:
+    done = Done()
+    assert not done.is_set() and not done.wait(0.05)
+    woken: list[bool] = []
+    waiters = [threading.Thread(target=lambda: woken.append(done.wait(5))) for _ in range(4)]
+    for t in waiters:
+        t.start()
+    time.sleep(0.05)
+    done.set()
+    for t in waiters:
+        t.join(5)
+    assert woken == [True] * 4 and done.is_set() and done.wait(0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 
 from inferwatch.core import vocabulary as V
@@ -36,6 +37,13 @@ def format_values(values: list[float]) -> list[str]:
     return [V.format_value(v) for v in values]
 
 
+@functools.lru_cache(maxsize=256)
+def le_suffixes(bounds: tuple[float, ...]) -> tuple[str, ...]:
+    """``le="…"} `` for each boundary: the text after a bucket line's labels, up to its value (a few
+    layouts serve every scrape, so they are made once)."""
+    return tuple(f'le="{V.format_le(b)}"}} ' for b in bounds)
+
+
 LABEL_TEXTS_LIMIT = 100_000
 """most series keys whose label text a snapshot's :attr:`~Snapshot.label_texts` memo keeps."""
 
@@ -44,7 +52,6 @@ def render(snapshot: Snapshot, vocabulary: V.Vocabulary, metrics: Iterable[V.Met
     """Render every family of ``snapshot`` that has series, in vocabulary order."""
     out: list[str] = []
     fmt = V.format_value
-    les_of: dict[tuple[float, ...], list[str]] = {}
     texts = snapshot.label_texts
     if texts is None:
         texts = {}
@@ -75,9 +82,7 @@ def render(snapshot: Snapshot, vocabulary: V.Vocabulary, metrics: Iterable[V.Met
                 # every bucket line shares the series' label string: escaped once, not once per bucket
                 prefix = bucket + inner + "," if inner else bucket
                 if h.counts is not None:
-                    les = les_of.get(h.bounds)
-                    if les is None:
-                        les = les_of[h.bounds] = [f'le="{V.format_le(b)}"}} ' for b in h.bounds]
+                    les = le_suffixes(h.bounds)
                     if len(les) != len(h.counts):
                         raise ValueError(f"{spec.name}: {len(h.counts)} bucket counts for {len(les)} boundaries")
                     # str concatenation mapped over lists: no Python-level loop per bucket line

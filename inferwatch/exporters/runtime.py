@@ -106,13 +106,42 @@ def with_health(snap: Snapshot, target: str, engine: str, extra: dict[str, str],
     return merge_snapshots([snap, health])
 
 
+class Done:
+    """A one-way flag that threads can wait for: :class:`threading.Event`'s use here, on one lock (an
+    Event builds a Condition, whose cost every scrape paid)."""
+
+    __slots__ = ("_lock", "_set")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._lock.acquire()
+        self._set = False
+
+    def set(self) -> None:
+        if not self._set:
+            self._set = True
+            self._lock.release()
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def wait(self, timeout: float) -> bool:
+        """Whether the flag was set within ``timeout`` seconds."""
+        if self._set:
+            return True
+        if self._lock.acquire(timeout=max(0.0, timeout)):
+            self._lock.release()  # the next waiter gets it at once
+            return True
+        return self._set
+
+
 @dataclass
 class Flight:
     """One scrape of a target in progress, and its result once :attr:`done` is set."""
 
     request: EngineRequest
     started: float
-    done: threading.Event = field(default_factory=threading.Event)
+    done: Done = field(default_factory=Done)
     result: Snapshot | None = None
     ended: float = float("inf")
     """when the result was ready (the scraper's clock); infinite while in flight."""

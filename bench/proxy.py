@@ -1,34 +1,37 @@
-"""Benchmark: ``inferwatch proxy`` against a direct connection to the same engine, in one run.
+"""Benchmark: ``inferwatch proxy`` against a direct connection to the same engine and against its peers,
+in one run.
 
 The engine is simulated here, as lean as it can be so that it does not compete with what is measured:
 an OpenAI ``/v1/completions`` SSE server (raw asyncio, its own process) that streams every stream at a
 fixed rate (``--interval-ms``, default 20 ms: 50 tokens/s), each chunk stamped with the monotonic time
-it was written. The client (this process) is raw asyncio as well. Three processes on one machine:
-by default (``--cores split``) the proxy runs on a CPU of its own, as a sidecar given a one-core
-request would, and the engine and the client share the others; with all three on two shared cores, a
-chunk that arrives while the proxy waits for a core waits with it, and the p99 measures the
-scheduler (a bare asyncio TCP relay misses 1 ms there too: docs/proxy.md).
+it was written. The client (this process) is raw asyncio as well. By default (``--cores split``) each
+hop runs on a CPU of its own, as a sidecar given a one-core request would, and the engine and the
+client share the others; with everything on two shared cores, a chunk that arrives while the proxy
+waits for a core waits with it, and the p99 measures the scheduler (docs/proxy.md).
+
+The hops, measured in the same interleaved rounds (``bench/proxy_sides.py``): inferwatch's proxy; haproxy
+(HTTP mode, ``option http-no-delay``), the lean hop a user would put there instead; LiteLLM's proxy
+with ``--litellm`` (a gateway that also counts; measured, not judged); and a bare TCP relay
+(``--serve-relay``: copies bytes and nothing else), the floor any hop through a process has here.
 
 1. **Added latency per chunk** at 64 concurrent streams: each stream is opened twice, once directly and
-   once through the proxy, and the engine writes each chunk to both connections at the same instant
-   (in alternating order), so every chunk has a direct and a proxied arrival time. Reported: p50 and
-   p99 of (arrival through the proxy − arrival direct), each arrival the kernel's receive time of the
-   chunk (``SO_TIMESTAMPNS``), so that the client's own scheduling stays out of it. The same rounds,
-   interleaved, through a bare TCP relay (``--serve-relay``: a process that copies bytes and nothing
-   else) give the floor any hop through a process has on this machine: its p99 swings between 0.5 and
-   2 ms from round to round here, the virtual machine's wake-up latency. **Target: the proxy's own
-   p99, best round minus the relay's best round, < 1 ms** (the issue's "p99 < 1 ms" on a machine
-   whose floor is not already 1 ms; both figures are printed). The streams start at staggered
-   phases (a real engine's batch emits its tokens together; see docs/proxy.md).
-2. **Throughput** at 256 concurrent streams, closed loop for ``--duration`` seconds per side, direct
-   first and then through the proxy: streams/s and chunks/s. **Target: proxy ≥ 0.9x direct for both.**
-   The proxy's CPU time (user + system) per 1,000 chunks over its phase.
-3. **Memory per open stream**: the proxy's resident memory with 256 slow streams open, minus its
+   once through the hop, and the engine writes each chunk to both connections at the same instant
+   (in alternating order), so every chunk has a direct and a hopped arrival time. Reported: p50 and
+   p99 of (arrival through the hop − arrival direct), each arrival the kernel's receive time of the
+   chunk (``SO_TIMESTAMPNS``), so that the client's own scheduling stays out of it. The relay's p99
+   swings between 0.5 and 2 ms from round to round here, the virtual machine's wake-up latency.
+   **Target: the proxy's own p99, best round minus the relay's best round, < 1 ms**. The streams start
+   at staggered phases (a real engine's batch emits its tokens together; see docs/proxy.md).
+2. **Throughput** at 256 concurrent streams, closed loop for ``--duration`` seconds per side and round,
+   direct first: streams/s and chunks/s. **Target: proxy ≥ 0.9x direct for both.** Each hop's CPU time
+   (user + system, its process group's) per 1,000 chunks.
+3. **Against haproxy** (issue 35; best rounds): throughput ≥ 0.95x haproxy's, CPU per chunk ≤ 1.5x
+   haproxy's, added p99 within 0.5 ms of haproxy's. Missing haproxy skips these, except under ``CI``.
+4. **Memory per open stream**: the proxy's resident memory with 256 slow streams open, minus its
    resident memory idle after the throughput phase, divided by 256.
 
-``--quick`` runs CI-size phases (fewer chunks, shorter duration). ``--proxy-cmd`` benchmarks another
-proxy command instead (``{listen}`` and ``{upstream}`` are substituted): that is how the server and
-client stack was chosen (docs/proxy.md). Prints every figure; exits 1 when a target is missed.
+``--quick``: CI-size phases. ``--proxy-cmd`` benchmarks another command in the proxy's place (``{listen}``,
+``{upstream}`` substituted; how the stack was chosen, docs/proxy.md). Exits 1 when a target is missed.
 """
 
 from __future__ import annotations
@@ -36,27 +39,44 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import json
 import os
 import random
 import shlex
-import signal
 import socket
 import statistics
 import struct
-import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.proxy_peers import relay_main, upstream_main
+from bench.proxy_sides import (
+    MissingPeer,
+    Side,
+    SideFigures,
+    find_haproxy,
+    group_cpu_seconds,
+    haproxy_cmd,
+    judge_haproxy,
+    litellm_cmd,
+    litellm_exe,
+    peer_table,
+    placement,
+    start,
+    stop,
+    wait_port,
+)
 from inferwatch.demo import free_ports
 
 ROOT = Path(__file__).resolve().parent.parent
 LATENCY_P99_TARGET_MS = 1.0
 THROUGHPUT_TARGET = 0.9
+PAIR_RUNS = itertools.count()
 
 
 # -- the client ---------------------------------------------------------------------------------------
@@ -73,6 +93,9 @@ def record_event(out: Stream, event: bytes, arrived_ns: int) -> None:
     at = event.find(b'"t":')
     if at >= 0:
         out.sent_ns.append(int(event[at + 4 : event.index(b"}", at)]))
+        out.arrived_ns.append(arrived_ns)
+    elif b'"text":' in event:  # re-serialized by the proxy (LiteLLM): no stamp; its finish-only events skipped
+        out.sent_ns.append(-1)
         out.arrived_ns.append(arrived_ns)
 
 
@@ -214,58 +237,6 @@ class StampedConnection:
         return out
 
 
-# -- processes ----------------------------------------------------------------------------------------
-def start(cmd: Sequence[str], cpus: set[int] | None = None) -> subprocess.Popen[bytes]:
-    """``cmd`` in a session of its own, on ``cpus`` when given (set before it runs: its threads inherit it)."""
-
-    def pin() -> None:
-        if cpus:
-            os.sched_setaffinity(0, cpus)
-
-    return subprocess.Popen(
-        list(cmd), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True, preexec_fn=pin
-    )
-
-
-def placement(cores: str) -> tuple[set[int] | None, set[int] | None]:
-    """(CPUs of the engine and the client, CPUs of the proxy) for ``--cores``; None: wherever the kernel likes."""
-    available = sorted(os.sched_getaffinity(0))
-    if cores == "shared" or len(available) < 2:
-        return None, None
-    return set(available[:-1]), {available[-1]}
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-
-
-async def wait_port(port: int, proc: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
-            raise RuntimeError(f"{proc.args!r} exited with {proc.returncode}:\n{err[-2000:]}")
-        try:
-            _, w = await asyncio.open_connection("127.0.0.1", port)
-            w.close()
-            return
-        except OSError:
-            await asyncio.sleep(0.1)
-    raise RuntimeError(f"nothing listens on port {port} after {timeout:g} s")
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def rss_bytes(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -282,6 +253,7 @@ def quantile(values: Sequence[float], q: float) -> float:
 async def latency_phase(direct: int, proxied: int, streams: int, tokens: int, interval: float) -> list[float]:
     """Per-chunk (arrival through the proxy − arrival direct) in milliseconds."""
     rng = random.Random(1)
+    run_id = next(PAIR_RUNS)
 
     async def one(k: int) -> list[float]:
         body: dict[str, object] = {
@@ -289,11 +261,13 @@ async def latency_phase(direct: int, proxied: int, streams: int, tokens: int, in
             "prompt": "hi",
             "stream": True,
             "max_tokens": tokens,
-            "pair": f"p{k}",
+            "pair": f"p{run_id}.{k}",
             "phase": rng.random() * interval,
         }
         a, b = StampedConnection(direct), StampedConnection(proxied)
         d, p = await asyncio.gather(a.request(body), b.request(body))
+        if p.sent_ns and p.sent_ns[0] < 0:  # the stamps were dropped: the chunks in their order
+            return [(arr - direct) / 1e6 for arr, direct in zip(p.arrived_ns, d.arrived_ns, strict=False)]
         by_sent = dict(zip(d.sent_ns, d.arrived_ns, strict=True))
         return [(arr - by_sent[s]) / 1e6 for s, arr in zip(p.sent_ns, p.arrived_ns, strict=True) if s in by_sent]
 
@@ -341,11 +315,11 @@ async def throughput_phase(port: int, streams: int, tokens: int, duration: float
         finally:
             conn.close()
 
-    cpu0 = cpu_seconds(pid) if pid else None
+    cpu0 = group_cpu_seconds(pid) if pid else None
     t0 = time.monotonic()
     await asyncio.gather(*(worker() for _ in range(streams)))
     elapsed = time.monotonic() - t0
-    cpu = cpu_seconds(pid) - cpu0 if pid and cpu0 is not None else None
+    cpu = group_cpu_seconds(pid) - cpu0 if pid and cpu0 is not None else None
     return Throughput(done[0], done[1], elapsed, cpu)
 
 
@@ -378,12 +352,60 @@ async def memory_phase(proxied: int, pid: int, streams: int, interval: float) ->
     return idle, busy
 
 
+async def latency_rounds(args: argparse.Namespace, sides: list[Side], up_port: int, interval: float) -> None:
+    """The latency phase, ``args.rounds`` times over every side in turn; each side's p50 and p99 kept."""
+    for r in range(args.rounds):
+        for s in sides:
+            try:
+                added = await latency_phase(up_port, s.port, args.latency_streams, args.latency_tokens, interval)
+            except (ConnectionError, RuntimeError, asyncio.IncompleteReadError) as e:
+                if s.name != "litellm":  # a failed stream fails the judged sides, not the one that is only info
+                    raise
+                print(f"  round {r + 1}, {s.name}: a stream failed ({e})")
+                continue
+            if not added:
+                print(f"  round {r + 1}, {s.name}: no chunk carried the engine's stamp through")
+                continue
+            p50, p99 = quantile(added, 0.5), quantile(added, 0.99)
+            s.figures.p50.append(p50)
+            s.figures.p99.append(p99)
+            print(
+                f"  round {r + 1}, {s.name + ':':<8} {p50 * 1000:7.0f} / {p99 * 1000:7.0f} / "
+                f"{statistics.fmean(added) * 1000:7.0f}"
+            )
+
+
+async def throughput_rounds(
+    args: argparse.Namespace, sides: list[Side], up_port: int
+) -> tuple[SideFigures, list[Throughput]]:
+    """The throughput phase, ``args.rounds`` times: direct, then every side in turn; returns the direct
+    figures and the proxy's rounds."""
+    direct = SideFigures("direct")
+    proxied: list[Throughput] = []
+    n, tokens = args.throughput_streams, args.throughput_tokens
+    for _ in range(args.rounds):
+        d = await throughput_phase(up_port, n, tokens, args.duration, None)
+        direct.streams_per_s.append(d.streams_per_s)
+        direct.chunks_per_s.append(d.chunks_per_s)
+        for s in sides:
+            t = await throughput_phase(s.port, n, tokens, args.duration, s.proc.pid)
+            s.figures.streams_per_s.append(t.streams_per_s)
+            s.figures.chunks_per_s.append(t.chunks_per_s)
+            if t.cpu is not None and t.chunks:
+                s.figures.cpu_ms_per_1000.append(t.cpu / t.chunks * 1e6)
+            if s.name == "proxy":
+                proxied.append(t)
+    return direct, proxied
+
+
 async def run(args: argparse.Namespace) -> int:
-    up_port, proxy_port, relay_port = free_ports(3, 0)
+    up_port, proxy_port, relay_port, haproxy_port, litellm_port = free_ports(5, 0)
     interval = args.interval_ms / 1000
     near, far = placement(args.cores)
     if near is not None:
         os.sched_setaffinity(0, near)
+    haproxy, litellm = find_haproxy(), litellm_exe(args.litellm)
+    workdir = tempfile.TemporaryDirectory(prefix="bench-proxy-")
     upstream = start(
         [sys.executable, "-m", "bench.proxy", "--serve-upstream", str(up_port), "--interval-ms", str(args.interval_ms)],
         near,
@@ -405,40 +427,42 @@ async def run(args: argparse.Namespace) -> int:
             "--engine",
             "vllm",
         ]
-    proxy = start(cmd, far)
-    relay = start([sys.executable, "-m", "bench.proxy", "--serve-relay", str(relay_port), str(up_port)], far)
+    # every side on the proxy's CPU (--cores split): each has that core to itself while it is measured
+    sides = [Side("proxy", proxy_port, start(cmd, far), SideFigures("proxy"))]
+    if haproxy is not None:
+        ha_cmd = haproxy_cmd(haproxy, Path(workdir.name), haproxy_port, up_port)
+        sides.append(Side("haproxy", haproxy_port, start(ha_cmd, far), SideFigures("haproxy")))
+    if litellm is not None:
+        ll_cmd, ll_env = litellm_cmd(litellm, Path(workdir.name), litellm_port, up_port)
+        sides.append(Side("litellm", litellm_port, start(ll_cmd, far, ll_env), SideFigures("litellm")))
+    relay_cmd = [sys.executable, "-m", "bench.proxy", "--serve-relay", str(relay_port), str(up_port)]
+    sides.append(Side("relay", relay_port, start(relay_cmd, far), SideFigures("relay")))
+    by_name = {s.name: s for s in sides}
+    proxy = sides[0].proc
     failed = False
     try:
         await wait_port(up_port, upstream)
-        await wait_port(proxy_port, proxy)
-        await wait_port(relay_port, relay)
-        await throughput_phase(relay_port, 16, 5, 1.0, None)
-        # warm-up: connections, imports, allocator arenas
-        await throughput_phase(proxy_port, 16, 5, 1.0, None)
+        for s in sides:
+            await wait_port(s.port, s.proc, timeout=180.0 if s.name == "litellm" else 30.0)
+            # warm-up: connections, imports, allocator arenas
+            await throughput_phase(s.port, 16, 5, 1.0, None)
 
         print(f"engine: fixed rate, one chunk every {args.interval_ms:g} ms per stream; proxy: {' '.join(cmd[1:4])}…")
+        print(f"sides: {', '.join(s.name for s in sides)}, and direct (haproxy: {haproxy or 'not installed'})")
         if far is None:
-            print("cores: shared by the engine, the client and the proxy")
+            print("cores: shared by the engine, the client and the proxies")
         else:
             cpus = ",".join(map(str, sorted(near or ())))
-            print(f"cores: the engine and the client on CPU {cpus}, the proxy (and the relay) on {min(far)}")
+            print(f"cores: the engine and the client on CPU {cpus}, each proxy (and the relay) on {min(far)}")
         # Each side is measured in several rounds, interleaved, and the best round is judged (as in
         # bench/exporter.py): the machine's scheduling noise lands on whichever process it hits.
-        # The bare relay's rounds interleave with the proxy's: both hops ride the same noise.
-        best = {"proxy": float("inf"), "relay": float("inf")}
+        # The bare relay's rounds interleave with the proxies': every hop rides the same noise.
         print(
             f"added latency per chunk at {args.latency_streams} concurrent streams, {args.latency_tokens} chunks "
             f"each (p50 / p99 / mean, us):"
         )
-        for r in range(args.rounds):
-            for side, port in (("proxy", proxy_port), ("relay", relay_port)):
-                added = await latency_phase(up_port, port, args.latency_streams, args.latency_tokens, interval)
-                p50, p99 = quantile(added, 0.5), quantile(added, 0.99)
-                best[side] = min(best[side], p99)
-                print(
-                    f"  round {r + 1}, {side}: {p50 * 1000:6.0f} / {p99 * 1000:6.0f} / "
-                    f"{statistics.fmean(added) * 1000:6.0f}"
-                )
+        await latency_rounds(args, sides, up_port, interval)
+        best = {s.name: s.figures.best()["p99"] for s in sides}
         over = best["proxy"] - best["relay"]
         print(
             f"  best p99: proxy {best['proxy'] * 1000:.0f} us, bare relay {best['relay'] * 1000:.0f} us; "
@@ -446,29 +470,21 @@ async def run(args: argparse.Namespace) -> int:
         )
         failed |= over >= LATENCY_P99_TARGET_MS
 
-        directs, proxied = [], []
-        for _ in range(args.rounds):
-            directs.append(
-                await throughput_phase(up_port, args.throughput_streams, args.throughput_tokens, args.duration, None)
-            )
-            proxied.append(
-                await throughput_phase(
-                    proxy_port, args.throughput_streams, args.throughput_tokens, args.duration, proxy.pid
-                )
-            )
-        d = max(directs, key=lambda t: t.chunks_per_s)
-        p = max(proxied, key=lambda t: t.chunks_per_s)
-        rs, rc = p.streams_per_s / d.streams_per_s, p.chunks_per_s / d.chunks_per_s
-        print(
-            f"throughput, {args.throughput_streams} concurrent streams of {args.throughput_tokens} chunks "
-            f"(best of {args.rounds}):"
-        )
-        print(f"  direct:      {d.streams_per_s:8.1f} streams/s {d.chunks_per_s:9.0f} chunks/s")
-        print(f"  proxy:       {p.streams_per_s:8.1f} streams/s {p.chunks_per_s:9.0f} chunks/s")
+        n, tokens = args.throughput_streams, args.throughput_tokens
+        direct, proxied = await throughput_rounds(args, sides, up_port)
+        d_best, p_best = direct.best(), by_name["proxy"].figures.best()
+        rs = p_best["streams_per_s"] / d_best["streams_per_s"]
+        rc = p_best["chunks_per_s"] / d_best["chunks_per_s"]
+        print(f"throughput, {n} concurrent streams of {tokens} chunks (best of {args.rounds}):")
+        print(f"  direct:      {d_best['streams_per_s']:8.1f} streams/s {d_best['chunks_per_s']:9.0f} chunks/s")
+        print(f"  proxy:       {p_best['streams_per_s']:8.1f} streams/s {p_best['chunks_per_s']:9.0f} chunks/s")
         print(f"  ratio:       {rs:8.3f}           {rc:9.3f}           (target >= {THROUGHPUT_TARGET})")
         cpu = sum(t.cpu or 0.0 for t in proxied) / sum(t.chunks for t in proxied)
-        print(f"  proxy CPU:   {cpu * 1000 * 1000:.1f} ms per 1,000 chunks (user + system)")
+        print(f"  proxy CPU:   {cpu * 1000 * 1000:.1f} ms per 1,000 chunks (user + system, all rounds)")
         failed |= rs < THROUGHPUT_TARGET or rc < THROUGHPUT_TARGET
+        peer_table([s.figures for s in sides], direct, n)
+        ha = by_name.get("haproxy")
+        failed |= judge_haproxy(by_name["proxy"].figures, ha.figures if ha else None)
 
         # slow streams for the memory figure: another engine, one chunk a second
         slow_port = free_ports(1, 0)[0]
@@ -482,7 +498,7 @@ async def run(args: argparse.Namespace) -> int:
             cmd = shlex.split(args.proxy_cmd.format(listen=listen, upstream=slow_target))
         else:
             cmd[cmd.index(target)] = slow_target
-        proxy = start(cmd, far)
+        proxy = sides[0].proc = start(cmd, far)
         await wait_port(proxy_port, proxy)
         await throughput_phase(proxy_port, 32, 1, 2.5, None)  # warm-up at this rate
         idle, busy = await memory_phase(proxy_port, proxy.pid, args.memory_streams, 1.0)
@@ -492,11 +508,12 @@ async def run(args: argparse.Namespace) -> int:
             f"{per / 1024:.1f} KiB per open stream"
         )
     finally:
-        stop(proxy)
-        stop(relay)
+        for s in sides:
+            stop(s.proc)
         stop(upstream)
         if slow is not None:
             stop(slow)
+        workdir.cleanup()
     if failed:
         print("FAIL: a target was missed", file=sys.stderr)
         return 1
@@ -516,6 +533,7 @@ def main() -> int:
     parser.add_argument("--memory-streams", type=int, default=256)
     parser.add_argument("--rounds", type=int, default=3, help="rounds per side (the best is judged)")
     parser.add_argument("--proxy-cmd", help="benchmark this command instead ({listen}, {upstream})")
+    parser.add_argument("--litellm", help="LiteLLM's litellm executable (its own venv): a side, measured, not judged")
     parser.add_argument(
         "--cores",
         choices=("split", "shared"),
@@ -534,7 +552,11 @@ def main() -> int:
         return 0
     if args.quick:
         args.latency_tokens, args.duration, args.rounds = 50, 4.0, 2
-    return asyncio.run(run(args))
+    try:
+        return asyncio.run(run(args))
+    except MissingPeer as e:
+        print(f"FAIL: {e}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ import signal
 import time
 from typing import cast
 
-PAIR_WAIT_S = 10.0
+PAIR_WAIT_S = 120.0
 
 
 # -- the simulated engine -----------------------------------------------------------------------------

@@ -139,6 +139,7 @@ COMPONENTS: dict[str, str | None] = {
     # proxy
     "test_proxy.py": "proxy",
     "test_proxy_engines_next.py": "proxy",
+    "test_proxy_fast_paths.py": "proxy",
     "test_proxy_passthrough.py": "proxy",
     "test_proxy_slow_clients.py": "proxy",
     "test_proxy_upstream.py": "proxy",

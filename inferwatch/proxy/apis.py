@@ -147,22 +147,39 @@ def _openai_usage(reading: Reading, usage: Any) -> None:
 
 
 def openai_event(obj: Any) -> Reading:
-    """A chunk: ``choices[].delta`` (chat) or ``choices[].text`` (completions), ``usage`` when asked for."""
+    """A chunk: ``choices[].delta`` (chat) or ``choices[].text`` (completions), ``usage`` when asked for.
+    (Once per chunk: written for few calls; ``openai_body`` reads the same members the plain way.)"""
     r = Reading()
-    o = _dict(obj)
-    r.response_id = _str(o.get("id"))
-    for choice in o.get("choices") or ():
-        c = _dict(choice)
-        delta = _dict(c.get("delta"))
-        if c.get("text") or delta.get("content") or delta.get("tool_calls") or delta.get("reasoning_content"):
+    if not isinstance(obj, dict):
+        return r
+    get = obj.get
+    rid = get("id")
+    if isinstance(rid, str) and rid:
+        r.response_id = rid
+    for c in get("choices") or ():
+        if not isinstance(c, dict):
+            continue
+        if not c.get("text"):
+            delta = c.get("delta")
+            if not (
+                isinstance(delta, dict)
+                and (delta.get("content") or delta.get("tool_calls") or delta.get("reasoning_content"))
+            ):
+                delta = None
+        else:
+            delta = c
+        if delta is not None:
             r.content += 1
             r.tokens += 1
         reason = c.get("finish_reason")
         if isinstance(reason, str):
             r.finish_reasons.append(reason)
-    if o.get("usage"):
-        _openai_usage(r, o["usage"])
-    r.error = _error_text(o.get("error"))
+    usage = get("usage")
+    if usage:
+        _openai_usage(r, usage)
+    error = get("error")
+    if error is not None:
+        r.error = _error_text(error)
     return r
 
 

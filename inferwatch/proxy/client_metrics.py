@@ -66,17 +66,24 @@ class ClientMetrics:
         self.requests: dict[tuple[str, str, str], int] = {}
         self.prompt_tokens: dict[tuple[str, str, str], int] = {}
         self.generation_tokens: dict[tuple[str, str, str], int] = {}
+        self.epoch = 0
+        """changes when series are dropped (:meth:`forget`): a :meth:`histogram` taken before may be gone."""
 
     def _tenant(self, tenant: str) -> str:
         return tenant if self.kept is None else self.kept(tenant)
 
     def observe(self, spec: V.MetricSpec, model: str, value: float, tenant: str = V.TENANT_ANONYMOUS) -> None:
+        self.histogram(spec, model, tenant).observe(value)
+
+    def histogram(self, spec: V.MetricSpec, model: str, tenant: str = V.TENANT_ANONYMOUS) -> Histogram:
+        """The series' histogram (made at need), for a caller that observes it many times (a stream's chunk
+        gaps): it stays the series' own as long as :attr:`epoch` does not change."""
         series = self.histograms[spec]
         key = (model, self._tenant(tenant))
         hist = series.get(key)
         if hist is None:
             hist = series[key] = Histogram(self.bounds[spec])
-        hist.observe(value)
+        return hist
 
     def finished(
         self,
@@ -100,6 +107,7 @@ class ClientMetrics:
     def forget(self, tenants: Iterable[str]) -> None:
         """Drop every series of ``tenants`` (they left the busiest: Prometheus sees their series end)."""
         gone = set(tenants)
+        self.epoch += 1
         for series in self.histograms.values():
             for key in [k for k in series if k[1] in gone]:
                 del series[key]

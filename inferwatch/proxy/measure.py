@@ -17,7 +17,7 @@ import orjson
 
 from inferwatch.core import vocabulary as V
 from inferwatch.proxy.apis import Api, Ask, Reading
-from inferwatch.proxy.client_metrics import ClientMetrics
+from inferwatch.proxy.client_metrics import ClientMetrics, Histogram
 
 MAX_EVENT_BYTES: Final = 1 << 20
 """An SSE event longer than this stops the inspection of its stream (the bytes still pass)."""
@@ -40,6 +40,16 @@ class SseReader:
     def feed(self, data: bytes) -> list[Any]:
         if self.broken:
             return []
+        if not self.buffer and data.startswith(b"data:") and data.find(b"\n") == len(data) - 2 and data[-1:] == b"\n":
+            # the usual read: one whole one-line event, "data: <json>\n\n" (what the loop below makes of it too)
+            value = data[6:-2] if data[5:6] == b" " else data[5:-2]
+            if value == DONE:
+                self.done = True
+                return []
+            try:
+                return [loads(value)]
+            except ValueError:
+                return []
         buf = self.buffer + data if self.buffer else data
         out: list[Any] = []
         start = 0
@@ -60,7 +70,7 @@ class SseReader:
                 self.done = True
                 continue
             try:
-                out.append(_loads(payload))
+                out.append(loads(payload))
             except ValueError:
                 continue
         rest = buf[start:]
@@ -70,7 +80,7 @@ class SseReader:
         return out
 
 
-def _loads(payload: bytes) -> Any:
+def loads(payload: bytes) -> Any:
     """JSON as the standard library reads it, parsed by orjson (3x faster on the per-chunk path) when it can:
     orjson refuses ``NaN``/``Infinity``, integers beyond 64 bits and lone surrogates, which ``json`` takes."""
     try:
@@ -123,6 +133,10 @@ class Exchange:
     sse: SseReader | None = None
     body: bytearray | None = None
     final: bool = False
+    gaps: Histogram | None = field(default=None, repr=False)
+    """the chunk-gap series of this request's labels, taken at the first gap (valid while ``gaps_epoch`` is the
+    metrics' epoch: a tenant that leaves the busiest has its series dropped and its next gap counted anew)."""
+    gaps_epoch: int = field(default=-1, repr=False)
 
     # -- the response ---------------------------------------------------------------------------------
     def begin(self, status: int, content_type: str) -> None:
@@ -139,8 +153,9 @@ class Exchange:
     def feed(self, data: bytes, now: float) -> None:
         """Bytes just forwarded to the client at ``now``."""
         if self.sse is not None:
+            event, take = self.api.event, self.take
             for obj in self.sse.feed(data):
-                self.take(self.api.event(obj), now)
+                take(event(obj), now)
         elif self.body is not None:
             if len(self.body) + len(data) > MAX_BODY_BYTES:
                 self.body = None
@@ -153,11 +168,16 @@ class Exchange:
                 self.first_content = now
                 self.metrics.observe(V.CLIENT_TIME_TO_FIRST_TOKEN, self.model, now - self.start, self.tenant_label)
             elif self.last_content is not None:
-                self.metrics.observe(V.CLIENT_CHUNK_GAP, self.model, now - self.last_content, self.tenant_label)
+                gaps, epoch = self.gaps, self.metrics.epoch
+                if gaps is None or self.gaps_epoch != epoch:
+                    gaps = self.gaps = self.metrics.histogram(V.CLIENT_CHUNK_GAP, self.model, self.tenant_label)
+                    self.gaps_epoch = epoch
+                gaps.observe(now - self.last_content)
             self.last_content = now
         self.contents += reading.content
         self.tokens += reading.tokens
-        self.finish_reasons += reading.finish_reasons
+        if reading.finish_reasons:
+            self.finish_reasons += reading.finish_reasons
         if reading.prompt_tokens is not None:
             self.prompt_tokens = reading.prompt_tokens
         if reading.completion_tokens is not None:
@@ -187,7 +207,7 @@ class Exchange:
         self.end = now
         if self.body is not None and outcome is None:
             with contextlib.suppress(ValueError):  # not JSON after all: nothing to read
-                self.take(self.api.body(_loads(bytes(self.body)), headers or {}), now)
+                self.take(self.api.body(loads(bytes(self.body)), headers or {}), now)
             self.body = None
         if error is not None:
             self.error = error

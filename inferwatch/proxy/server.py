@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from collections.abc import Mapping
@@ -38,7 +37,7 @@ from inferwatch.core.connections import connection_cap
 from inferwatch.proxy import apis as A
 from inferwatch.proxy.client_metrics import CONTENT_TYPE, ClientMetrics, registry_for, render
 from inferwatch.proxy.limits import ConnectionLimits, error_body, exhausted, protocol_factory, request_factory
-from inferwatch.proxy.measure import Exchange
+from inferwatch.proxy.measure import Exchange, loads
 from inferwatch.proxy.tenants import Tenants, TenantSettings, TopTenants
 from inferwatch.proxy.tracing import (
     CONTENT_CHUNKS,
@@ -310,6 +309,10 @@ class Proxy:
             request.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         if not request.body_exists:
             return b""
+        content = request.content
+        if content.is_eof():  # the whole body came with the head (the usual small JSON): no wait, no timer
+            whole = content.read_nowait()
+            return self.too_large(limit) if len(whole) > limit else whole
         parts: list[bytes] = []
         size = 0
         try:
@@ -340,7 +343,7 @@ class Proxy:
             return None
         api, match = found
         try:
-            parsed: Any = json.loads(body) if body else None
+            parsed: Any = loads(body) if body else None
         except ValueError:
             parsed = None  # the engine answers it
         ask = api.ask(parsed, match)
@@ -427,14 +430,17 @@ class Proxy:
             return resp
         chunked = bool(getattr(writer, "chunked", False))
         high = transport.get_write_buffer_limits()[1]
+        # once per read of a stream: bound here, not looked up each time
+        closing, write, buffered = transport.is_closing, transport.write, transport.get_write_buffer_size
+        feed, clock = ex.feed, time.perf_counter
 
         def sink(payload: bytes) -> None:
             """Each read of the engine's body, from the connection's callback: on to the client, then measured."""
-            if transport.is_closing():  # the client went away: aiohttp cancels the handler
+            if closing():  # the client went away: aiohttp cancels the handler
                 return
-            transport.write(b"%x\r\n%b\r\n" % (len(payload), payload) if chunked else payload)
-            ex.feed(payload, time.perf_counter())
-            if transport.get_write_buffer_size() > high:
+            write(b"%x\r\n%b\r\n" % (len(payload), payload) if chunked else payload)
+            feed(payload, clock())
+            if buffered() > high:
                 conn.pause()  # the client reads slower than the engine writes: read no more until it drains
 
         conn.relay(sink)

@@ -122,6 +122,16 @@ class Body:
             self.need -= len(data)
             self.done = self.need == 0
             return data
+        if not (self.rest or self.need or self.crlf or self.trailers or self.done):
+            # the usual read: one whole chunk, "<hex size>\r\n<data>\r\n" (as the loop below reads it)
+            end = data.find(b"\r\n", 0, 18)
+            if end > 0 and data[:end].isalnum():
+                try:
+                    size = int(data[:end], 16)
+                except ValueError:  # not hex: the loop below says so
+                    size = 0
+                if size and len(data) == end + size + 4 and data[-2:] == b"\r\n":
+                    return data[end + 2 : -2]
         buf = self.rest + data if self.rest else data
         pos, n = 0, len(buf)
         out: list[bytes] = []
@@ -213,11 +223,17 @@ class Upstream(asyncio.Protocol):
                 if self.head is None:
                     return
                 self._wake()
-            if data and self.body is not None:
-                self._payload(self.body.feed(data))
+            body = self.body
+            if data and body is not None:
+                payload = body.feed(data)
+                if payload:  # (inlined: once per read)
+                    if self.sink is None:
+                        self.pending.append(payload)
+                    else:
+                        self.sink(payload)
             elif data:
                 raise UpstreamError("bytes after the end of the response")
-            if self.body is not None and self.body.done:
+            if body is not None and body.done:
                 self._wake()
         except UpstreamError as exc:
             self.error = exc
@@ -256,14 +272,6 @@ class Upstream(asyncio.Protocol):
             connection = head.headers.get("Connection", "").lower()
             self.keep_alive = head.version == "HTTP/1.1" and "close" not in connection and not self.body.until_close
             return buf
-
-    def _payload(self, payload: bytes) -> None:
-        if not payload:
-            return
-        if self.sink is None:
-            self.pending.append(payload)
-        else:
-            self.sink(payload)
 
     # -- the handler's side -------------------------------------------------------------------------------------
     def _wake(self) -> None:

@@ -1,0 +1,137 @@
+"""The proxy's per-chunk fast paths read exactly what its general paths read (issue 35: a cheaper hot path).
+
+A whole read of the usual shape (one chunk, one one-line SSE event) takes a short way in ``Body.feed`` and
+``SseReader.feed``; the same bytes fed one at a time never do, so the two must agree on every input, odd
+ones included. ``openai_event`` is checked on malformed events, and a stream's cached chunk-gap series
+on a tenant leaving the busiest mid-stream.
+"""
+
+from __future__ import annotations
+
+import pytest
+from multidict import CIMultiDict
+
+from inferwatch.core import vocabulary as V
+from inferwatch.proxy import apis as A
+from inferwatch.proxy.client_metrics import ClientMetrics
+from inferwatch.proxy.measure import Exchange, SseReader
+from inferwatch.proxy.upstream import Body, Head, UpstreamError
+
+
+def chunked() -> Body:
+    return Body(Head("HTTP/1.1", 200, "OK", CIMultiDict({"Transfer-Encoding": "chunked"})), False)
+
+
+def feed_all(body: Body, reads: list[bytes]) -> tuple[bytes, str | None]:
+    out = b""
+    try:
+        for r in reads:
+            out += body.feed(r)
+    except UpstreamError as exc:
+        return out, str(exc)
+    return out, None
+
+
+@pytest.mark.parametrize(
+    "wire",
+    [
+        b"5\r\nhello\r\n",
+        b"A\r\n0123456789\r\n",
+        b"a\r\n0123456789\r\n",
+        b"05\r\nhello\r\n",
+        b"5;x=1\r\nhello\r\n",
+        b"5\r\nhello\r\n5\r\nworld\r\n",
+        b"5\r\nhello\r\n0\r\n\r\n",
+        b"5\r\nhel",
+        b"5\r\nhelloXX",
+        b"6\r\nhello\r\n",
+        b"4\r\nhello\r\n",
+        b"zz\r\nhello\r\n",
+        b"+5\r\nhello\r\n",
+        b"0\r\n\r\n",
+        b"1_0\r\n0123456789abcdef\r\n",
+        b"\r\nhello\r\n",
+    ],
+)
+def test_a_whole_read_is_framed_as_the_same_bytes_one_at_a_time(wire: bytes) -> None:
+    whole, error = feed_all(chunked(), [wire])
+    bytewise, bytewise_error = feed_all(chunked(), [wire[k : k + 1] for k in range(len(wire))])
+    assert error == bytewise_error
+    if error is None:  # (a read that fails returns nothing: what came before the error, byte by byte, differs)
+        assert whole == bytewise
+
+
+def test_a_chunk_after_the_end_is_an_error_on_the_short_way_too() -> None:
+    bodiless = Body(Head("HTTP/1.1", 200, "OK", CIMultiDict({"Transfer-Encoding": "chunked"})), True)
+    with pytest.raises(UpstreamError, match="after the end"):
+        bodiless.feed(b"5\r\nhello\r\n")
+    body = chunked()
+    assert body.feed(b"5\r\nhello\r\n0\r\n\r\n") == b"hello" and body.done
+    with pytest.raises(UpstreamError, match="after the end"):
+        body.feed(b"5\r\nhello\r\n")
+
+
+@pytest.mark.parametrize(
+    "read",
+    [
+        b'data: {"a": 1}\n\n',
+        b'data:{"a": 1}\n\n',
+        b"data: [DONE]\n\n",
+        b"data:[DONE]\n\n",
+        b"data: not json\n\n",
+        b'data: {"a": \n\n',
+        b"data: 123456789012345678901234567890\n\n",
+        b'data: {"a": 1}\r\n\r\n',
+        b'data: {"a": 1}\rx\n\n',
+        b'event: x\ndata: {"a": 1}\n\n',
+        b'data: {"a": 1}\n\ndata: {"b": 2}\n\n',
+        b'data: {"a": 1}\n',
+        b'data:  {"a": 1}\n\n',
+        b"data: \n\n",
+        b': comment {"a": 1}\n\n',
+    ],
+)
+def test_a_whole_event_is_read_as_the_same_bytes_one_at_a_time(read: bytes) -> None:
+    whole, bytewise = SseReader(), SseReader()
+    got = whole.feed(read)
+    want = [obj for k in range(len(read)) for obj in bytewise.feed(read[k : k + 1])]
+    assert got == want
+    assert (whole.done, whole.buffer) == (bytewise.done, bytewise.buffer)
+
+
+def test_openai_events_malformed_or_odd() -> None:
+    ev = A.openai_event
+    assert ev("text") == A.Reading()
+    assert ev({"choices": None, "id": ""}) == A.Reading()
+    assert ev({"choices": ["x", {"text": ""}], "id": 7}) == A.Reading()
+    assert ev({"choices": [{"text": "", "delta": "x"}]}) == A.Reading()
+    r = ev({"id": "c1", "choices": [{"text": "", "delta": {"content": "hi"}, "finish_reason": 3}]})
+    assert (r.content, r.tokens, r.finish_reasons, r.response_id) == (1, 1, [], "c1")
+    r = ev({"choices": [{"delta": {"tool_calls": [{}]}}, {"delta": {"reasoning_content": "."}}, {"text": "a"}]})
+    assert (r.content, r.tokens) == (3, 3)
+    r = ev(
+        {"choices": [{"text": "a", "finish_reason": "length"}], "usage": {"prompt_tokens": 4, "completion_tokens": 2}}
+    )
+    assert (r.finish_reasons, r.prompt_tokens, r.completion_tokens) == (["length"], 4, 2)
+    assert ev({"usage": {}}).prompt_tokens is None
+    assert ev({"error": "boom"}).error == "boom"
+    assert ev({"error": {"message": "m"}}).error == "m"
+    assert ev({"error": 3}).error == "error"
+    assert ev({"error": None}).error is None
+
+
+def test_a_streams_gap_series_follows_its_tenant_leaving_the_busiest() -> None:
+    kept = {"t1"}
+    metrics = ClientMetrics("vllm", V.Vocabulary(), lambda t: t if t in kept else V.TENANT_OTHER)
+    ex = Exchange(A.OPENAI_COMPLETIONS, A.Ask("m", None, True, 9), "m", None, 0.0, metrics, "t1", "t1")
+    ex.begin(200, "text/event-stream")
+    event = b'data: {"choices": [{"text": "a"}]}\n\n'
+    for k in range(3):
+        ex.feed(event, 1.0 + k)
+    gaps = metrics.histograms[V.CLIENT_CHUNK_GAP]
+    assert sum(gaps[("m", "t1")].counts) == 2
+    kept.clear()
+    metrics.forget(["t1"])  # re-ranked: t1 is no longer among the busiest
+    ex.feed(event, 4.0)
+    assert ("m", "t1") not in gaps
+    assert sum(gaps[("m", V.TENANT_OTHER)].counts) == 1

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -12,7 +13,7 @@ import yaml
 from inferwatch.core import vocabulary as V
 from inferwatch.exporters.engines import EngineRegistry
 from inferwatch.exporters.engines import trtllm as trtllm_engine
-from inferwatch.exporters.mapping import TranslateContext, translate_text
+from inferwatch.exporters.mapping import ScrapeError, TranslateContext, translate_text
 from inferwatch.exporters.samples import Snapshot
 from inferwatch.exporters.server import Exporter
 from inferwatch.exporters.targets import ExporterConfig, TargetConfig
@@ -172,3 +173,53 @@ def test_json_detected_and_translated_through_the_session(registry: EngineRegist
         V.REQUESTS_RUNNING
         not in translate_text(trtllm_engine.ADAPTER, (D / "gen-a" / "prometheus.txt").read_text(), ctx).metrics()
     )
+
+
+def test_scrapes_as_frequent_as_the_interval_do_all_the_draining(
+    registry: EngineRegistry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A scrape drains the JSON stats unless a drain came within half the interval; a background poll
+    drains only an interval after the last poll's drain, 1.25 intervals after a scrape's, and a failed
+    drain is retried an interval later (not at once)."""
+    now = [100.0]
+    monkeypatch.setattr("inferwatch.exporters.engines.trtllm.time", SimpleNamespace(monotonic=lambda: now[0]))
+    asked: list[str] = []
+    fail = [False]
+
+    def get(path: str, *, allow_404: bool = False) -> str:
+        asked.append(path)
+        if fail[0]:
+            raise ScrapeError("down")
+        return "[]" if path == trtllm_engine.JSON_PATH else "# text\n"
+
+    adapter = registry.get(V.ENGINE_TRTLLM)
+    session = adapter.open({"json_poll_interval_seconds": 1.0})
+    assert isinstance(session, trtllm_engine.TrtllmSession)
+
+    def drains() -> int:
+        return asked.count(trtllm_engine.JSON_PATH)
+
+    assert session.poll_delay() == 0.0  # never drained: due now
+    session.fetch(get, adapter.default_path)  # a scrape at 100.0 drains
+    assert drains() == 1
+    now[0] = 100.3
+    assert session.poll_delay() == pytest.approx(0.95)  # 1.25 intervals after a scrape's drain
+    session.poll(get)  # a poll before it is due does nothing
+    assert drains() == 1
+    now[0] = 100.4
+    session.fetch(get, adapter.default_path)  # 0.4 s after a drain: fresh, no drain
+    assert drains() == 1
+    now[0] = 100.5
+    session.fetch(get, adapter.default_path)  # half the interval: drains, and pushes the poll back
+    assert drains() == 2 and session.poll_delay() == pytest.approx(1.25)
+    now[0] = 101.5
+    session.poll(get)  # an interval after the scrape's drain: the next scrape may still come
+    assert drains() == 2
+    now[0] = 101.75
+    session.poll(get)  # 1.25 intervals, and no scrape came: the poll drains
+    assert drains() == 3 and session.poll_delay() == pytest.approx(1.0)  # a poll's: an interval
+    fail[0] = True
+    now[0] = 102.75
+    with pytest.raises(ScrapeError):
+        session.poll(get)
+    assert drains() == 4 and session.poll_delay() == pytest.approx(1.0)  # retried an interval later

@@ -156,6 +156,11 @@ class EngineSession:
         URL); ``body`` is what that URL answered when it was already read to detect the engine."""
         return get(path or self.adapter.default_path) if body is None else body
 
+    def poll_delay(self) -> float | None:
+        """Seconds until the next background :meth:`poll` is due (a session whose scrapes do the same
+        work pushes it back); ``None`` when the target needs none."""
+        return self.poll_interval
+
     def poll(self, get: Fetch) -> None:
         """Work between scrapes (e.g. draining a destructive endpoint); may raise ScrapeError."""
 

@@ -268,11 +268,17 @@ class TargetScraper:
             return UNDETECTED_POLL_SECONDS
         return self.session.poll_interval
 
+    def poll_delay(self) -> float | None:
+        """Seconds until the next background :meth:`poll` is due; ``None`` when the target needs none."""
+        if self.session is None:
+            return UNDETECTED_POLL_SECONDS
+        return self.session.poll_delay()
+
     def poll(self) -> None:
         """The session's work between scrapes, under the same deadline as a scrape (errors are not fatal)."""
         session = self.session
-        if session is None:
-            return
+        if session is None or (session.poll_delay() or 0.0) > 0.0:
+            return  # a scrape did the work since the poll was planned
         request = self._request()
         try:
             if not self._session_lock.acquire(timeout=max(0.0, request.deadline.remaining())):

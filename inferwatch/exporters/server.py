@@ -126,7 +126,7 @@ class Exporter:
                 self._idle.notify_all()
 
     def _poll_loop(self, scraper: TargetScraper) -> None:
-        while (interval := scraper.poll_interval()) is not None and not self._stop.wait(interval):
+        while (delay := scraper.poll_delay()) is not None and not self._stop.wait(delay):
             scraper.poll()
 
     def _handle(self, path: str, conn: socket.socket) -> Response:

@@ -275,6 +275,13 @@ def claims_json(body: JsonValue) -> bool:
     return isinstance(body, list | dict)
 
 
+SCRAPE_GRACE = 1.25
+"""after a scrape's drain, a poll waits this many intervals for the next scrape (which drains) before
+it drains itself: scrapes exactly as frequent as the interval would otherwise race the poll."""
+POLL_SLACK_SECONDS = 0.01
+"""a poll that wakes this much early still drains (timers may fire a little before their time)."""
+
+
 class TrtllmOptions(EngineOptions):
     """A trtllm-serve target's options."""
 
@@ -282,7 +289,8 @@ class TrtllmOptions(EngineOptions):
         1.0,
         gt=0,
         description="How often to drain the JSON iteration stats at /metrics (a destructive read of a "
-        "bounded buffer), between scrapes too.",
+        "bounded buffer), between scrapes too; scrapes at least this frequent do the draining, and after "
+        "a scrape's drain a poll waits 1.25 times this for the next scrape.",
     )
 
 
@@ -297,11 +305,20 @@ class TrtllmSession(EngineSession):
         self.options = options
         self.stats = IterationStatsAccumulator()
         self._drained_at = -math.inf
+        self._by_scrape = False
+        """whether the last drain was a scrape's."""
         """when :meth:`poll` last drained the JSON stats (``time.monotonic``)."""
 
     @property
     def poll_interval(self) -> float:
         return self.options.json_poll_interval_seconds
+
+    def poll_delay(self) -> float:
+        """Until the interval after the last drain, or :data:`SCRAPE_GRACE` times it after a scrape's:
+        a target scraped about as often as the interval is drained by its scrapes alone (one engine
+        request less per scrape), and polls fill the gaps when scrapes are rarer or stop."""
+        wait = self.poll_interval * (SCRAPE_GRACE if self._by_scrape else 1.0)
+        return max(0.0, self._drained_at + wait - time.monotonic())
 
     def fetch(self, get: Fetch, path: str, body: str | None = None) -> str:
         """The Prometheus text; JSON stats met on the way (at ``/metrics``) are fed to :attr:`stats`."""
@@ -311,18 +328,27 @@ class TrtllmSession(EngineSession):
         if _is_json(body):
             self._feed(body)
             return get(self.adapter.default_path, allow_404=True) if path in ("", JSON_PATH) else ""
-        # the background polls drain the stats every json_poll_interval_seconds: a scrape drains them
-        # too only when none did within that interval (else its request would bring nothing fresher)
-        fresh = time.monotonic() - self._drained_at < self.options.json_poll_interval_seconds
+        # a scrape drains the stats too unless a drain came within half the interval: then a poll is due
+        # only an interval after the scrape's drain, and scrapes at least that frequent do all the draining
+        fresh = time.monotonic() - self._drained_at < self.poll_interval / 2
         if path in ("", self.adapter.default_path) and not fresh:
             with contextlib.suppress(ScrapeError):  # the stats are extra; the text is the scrape
-                self.poll(get)
+                self._drain(get)
+            self._by_scrape = True
         return body
 
     def poll(self, get: Fetch) -> None:
-        """Drain the JSON iteration stats into :attr:`stats`."""
-        body = get(JSON_PATH, allow_404=True)
-        self._drained_at = time.monotonic()
+        """Drain the JSON iteration stats into :attr:`stats`, unless a scrape did within the interval."""
+        wait = self.poll_interval * (SCRAPE_GRACE if self._by_scrape else 1.0)
+        if time.monotonic() - self._drained_at >= wait - POLL_SLACK_SECONDS:
+            self._by_scrape = False
+            self._drain(get)
+
+    def _drain(self, get: Fetch) -> None:
+        try:
+            body = get(JSON_PATH, allow_404=True)
+        finally:  # a failed drain is tried again an interval later, as a poll, not at once
+            self._drained_at = time.monotonic()
         if _is_json(body):
             self._feed(body)
 

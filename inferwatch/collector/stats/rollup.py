@@ -23,7 +23,10 @@ Retention: rollups and value blocks whose period ended more than a day before th
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import logging
+import sys
 import threading
 import time
 from bisect import bisect_left
@@ -34,7 +37,7 @@ from typing import Any, Final
 from sqlalchemy import Connection, Engine, bindparam, case, delete, func, insert, select, text, update
 from sqlalchemy.sql.elements import ColumnElement
 
-from inferwatch.collector.stats import sketch, values
+from inferwatch.collector.stats import folding, sketch, values
 from inferwatch.collector.store import db
 from inferwatch.collector.store.tables import (
     REQUEST_TABLE,
@@ -53,7 +56,10 @@ GRACE_S: Final = 30.0
 INTERVAL_S: Final = 5.0
 """Between two passes of the job."""
 CHUNK: Final = 20_000
-"""Request rows read and folded per transaction."""
+"""Request rows read per statement (and transaction)."""
+WRITE_ROWS: Final = 200_000
+"""At most this many rows folded into the rollups per transaction (a pass also writes when its budget runs out
+and at its end): their folds are held in memory meanwhile (about 40 bytes a row)."""
 PASS_BUDGET_S: Final = 2.0
 """A pass stops after the chunk that crosses this (the next pass goes on): stop() stays prompt."""
 PERIODS: Final = (60, 3600, 86400)
@@ -127,6 +133,7 @@ class Partial(Totals):
                 mine[k] = mine.get(k, 0) + n
 
     def add_row(self, failed: int, pt: int | None, gt: int | None, values: tuple[float | None, ...]) -> None:
+        """One row, as :func:`folding.fold_chunk` folds many (the reference its test compares with)."""
         self.add_request(failed, pt, gt)
         for j, v in enumerate(values):
             if v is not None:
@@ -202,51 +209,66 @@ def _minute(value: Any) -> datetime:
     return value.astimezone(UTC) if value.tzinfo else value.replace(tzinfo=UTC)
 
 
-def fold_rows(rows: Any) -> dict[Key, Partial]:
-    """Per-minute partial aggregates of raw rows (of :func:`raw_columns`)."""
-    parts: dict[Any, Partial] = {}
-    for minute, engine, model, instance, service, failed, pt, gt, *vals in rows:
-        key = (minute, engine, model, instance, service)
-        p = parts.get(key)
-        if p is None:
-            p = parts[key] = Partial()
-        p.add_row(failed, pt, gt, tuple(vals))
-    return {(_minute(k[0]), k[1], k[2], k[3], k[4]): p for k, p in parts.items()}
+def fold_rows(rows: Any) -> tuple[dict[Key, Partial], dict[datetime, values.Encoded]]:
+    """Per-minute partial aggregates and value blocks of raw rows (of :func:`raw_columns`), by column
+    (:func:`folding.fold_chunk`)."""
+    c = folding.fold_chunk(rows, len(ROLLUP_FIELDS))
+    parts: dict[Key, Partial] = {}
+    for (minute, e, m, i, svc), tot, counts, sketches in zip(c.keys, c.totals, c.counts, c.sketches, strict=True):
+        r, f, ptok, pc, gtok, gc = tot
+        parts[(_minute(minute), e, m, i, svc)] = Partial(r, f, ptok, pc, gtok, gc, counts=counts, sketches=sketches)
+    return parts, {_minute(k): b for k, b in c.blocks.items()}
 
 
-def value_blocks(rows: Any) -> dict[datetime, values.Block]:
-    """Per minute: the value block of raw rows (of :func:`raw_columns`)."""
-    per: dict[Any, values.Block] = {}
-    nf = len(ROLLUP_FIELDS)
-    for minute, engine, model, instance, service, failed, pt, gt, *vals in rows:
-        b = per.get(minute)
-        if b is None:
-            b = per[minute] = values.Block(nf)
-        b.add((engine, model, instance, service), failed, pt, gt, vals)
-    return {_minute(k): b for k, b in per.items()}
+class Pending:
+    """The folds of the chunks read since the last write: merged in memory, written (with the watermark) once
+    per :data:`WRITE_ROWS` rows or at the end of a pass. Each write merges into the stored rollups and blocks of
+    the minutes it touches, whose size grows with the minute: one write per chunk rewrote the current minute's
+    block chunk after chunk (docs/performance.md, collector ingest, "All-in")."""
+
+    def __init__(self) -> None:
+        self.rows = 0
+        self.minutes: dict[Key, Partial] = {}
+        self.blocks: dict[datetime, list[values.Encoded]] = {}
+
+    def add(self, rows: Any) -> None:
+        parts, blocks = fold_rows(rows)
+        self.rows += len(rows)
+        for key, p in parts.items():
+            mine = self.minutes.get(key)
+            if mine is None:
+                self.minutes[key] = p
+            else:
+                mine.merge(p)
+        for minute, b in blocks.items():
+            self.blocks.setdefault(minute, []).append(b)
+
+    def merged_blocks(self) -> dict[datetime, values.Encoded]:
+        nf = len(ROLLUP_FIELDS)
+        return {m: values.merge_encoded(nf, bs) for m, bs in self.blocks.items()}
 
 
-def _write_values(conn: Connection, blocks: dict[datetime, values.Block]) -> None:
-    """Add ``blocks`` into the stored minute blocks (merge into the existing rows, insert the others)."""
+def _write_values(conn: Connection, blocks: dict[datetime, values.Encoded]) -> None:
+    """Add ``blocks`` into the stored minute blocks (merged into the existing rows as stored:
+    :func:`values.merge_encoded`; the others inserted)."""
     v = VALUES_TABLE
     nf = len(ROLLUP_FIELDS)
     starts = sorted(blocks)
-    existing: dict[datetime, tuple[int, values.Block]] = {}
+    existing: dict[datetime, tuple[int, values.Encoded]] = {}
     for i in range(0, len(starts), 500):
         q = select(v.c.id, v.c.period_start, v.c.series, v.c.counts, v.c.vals).where(
             v.c.period_seconds == 60, v.c.period_start.in_(starts[i : i + 500])
         )
         for rid, start, series, counts, vals in conn.execute(q).all():
-            existing[start] = (rid, values.Block.decode(nf, series, counts, vals))
+            existing[start] = (rid, (series, counts, vals))
     updates, inserts = [], []
     for start, b in blocks.items():
         old = existing.get(start)
         if old is not None:
-            old[1].merge(b)
-            series, counts, vals = old[1].encode()
+            series, counts, vals = values.merge_encoded(nf, [old[1], b])
             updates.append({"rid": old[0], "v_series": series, "v_counts": counts, "v_vals": vals})
         else:
-            series, counts, vals = b.encode()
+            series, counts, vals = b
             inserts.append({"period_seconds": 60, "period_start": start, "series": series, "counts": counts,
                             "vals": vals})  # fmt: skip
     _store_values(conn, updates, inserts)
@@ -287,15 +309,15 @@ def _consolidate(conn: Connection, periods: set[datetime], now: datetime, *, tou
     updates: list[dict[str, Any]] = []
     inserts: list[dict[str, Any]] = []
     for p in todo:
-        merged = values.Block(nf)
-        q = select(v.c.series, v.c.counts, v.c.vals).where(
-            v.c.period_seconds == 60, v.c.period_start >= p, v.c.period_start < p + TEN
+        q = (
+            select(v.c.series, v.c.counts, v.c.vals)
+            .where(v.c.period_seconds == 60, v.c.period_start >= p, v.c.period_start < p + TEN)
+            .order_by(v.c.period_start)
         )
-        for row in conn.execute(q).all():
-            merged.merge(values.Block.decode(nf, row[0], row[1], row[2]))
-        if not merged.series:
+        minutes = [(row[0], row[1], row[2]) for row in conn.execute(q).all()]
+        if not minutes:
             continue
-        series, counts, vals = merged.encode()
+        series, counts, vals = values.merge_encoded(nf, minutes)
         if p in have:
             updates.append({"rid": have[p], "v_series": series, "v_counts": counts, "v_vals": vals})
         else:
@@ -423,31 +445,24 @@ def _fold(conn: Connection, result: FoldResult, grace: float, budget: float, chu
         target = folded
     result.watermark = folded
     cols = raw_columns(conn)
-    while folded < target:
-        upto = min(target, folded + chunk)
-        rows = conn.execute(select(*cols).where(t.c.id > folded, t.c.id <= upto)).all()
+    pending = Pending()
+    read = folded
+    while read < target:
+        upto = min(target, read + chunk)
+        rows = conn.execute(select(*cols).where(t.c.id > read, t.c.id <= upto)).all()
         conn.commit()
-        parts = by_period(fold_rows(rows))
-        blocks = value_blocks(rows)
-        with conn.begin():
-            # compare and set: a pass that raced this one (or an earlier life of it) moved the watermark first
-            moved = conn.execute(
-                update(s).where(s.c.name == STATE_NAME, s.c.folded_id == folded).values(folded_id=upto, updated_at=now)
-            ).rowcount
-            if moved == 0:
-                exists = conn.execute(select(s.c.folded_id).where(s.c.name == STATE_NAME)).first()
-                if exists is not None:
-                    result.caught_up = False
-                    return
-                conn.execute(insert(s).values(name=STATE_NAME, folded_id=upto, updated_at=now))
-            for period, p in parts.items():
-                _write(conn, period, p)
-            if blocks is not None:
-                _write_values(conn, blocks)
-                _consolidate(conn, {ten_of(m) for m in blocks}, now, touched=True)
-        result.folded += len(rows)
-        folded = result.watermark = upto
-        if time.monotonic() - started > budget and folded < target:
+        pending.add(rows)
+        read = upto
+        over = time.monotonic() - started > budget
+        if read < target and pending.rows < WRITE_ROWS and not over:
+            continue
+        if not _write_pending(conn, pending, folded, read, now):
+            result.caught_up = False
+            return
+        result.folded += pending.rows
+        folded = result.watermark = read
+        pending = Pending()
+        if over and folded < target:
             result.caught_up = False
             return
     with conn.begin():
@@ -465,6 +480,28 @@ def _fold(conn: Connection, result: FoldResult, grace: float, budget: float, chu
             conn.execute(delete(VALUES_TABLE).where(VALUES_TABLE.c.period_start < cut))
 
 
+def _write_pending(conn: Connection, pending: Pending, folded: int, upto: int, now: datetime) -> bool:
+    """One transaction: the watermark moved from ``folded`` to ``upto`` (compare and set) and ``pending``
+    written into the rollups and blocks; False when another pass moved the watermark first (nothing written)."""
+    s = ROLLUP_STATE_TABLE
+    with conn.begin():
+        # compare and set: a pass that raced this one (or an earlier life of it) moved the watermark first
+        moved = conn.execute(
+            update(s).where(s.c.name == STATE_NAME, s.c.folded_id == folded).values(folded_id=upto, updated_at=now)
+        ).rowcount
+        if moved == 0:
+            if conn.execute(select(s.c.folded_id).where(s.c.name == STATE_NAME)).first() is not None:
+                return False
+            conn.execute(insert(s).values(name=STATE_NAME, folded_id=upto, updated_at=now))
+        for period, p in by_period(pending.minutes).items():
+            _write(conn, period, p)
+        blocks = pending.merged_blocks()
+        if blocks:
+            _write_values(conn, blocks)
+            _consolidate(conn, {ten_of(m) for m in blocks}, now, touched=True)
+    return True
+
+
 def catch_up(engine: Engine, *, grace: float = 0.0, chunk: int = CHUNK) -> int:
     """Fold every stored row now (benchmarks, tests, a backfill by hand); the rows folded."""
     total = 0
@@ -473,6 +510,20 @@ def catch_up(engine: Engine, *, grace: float = 0.0, chunk: int = CHUNK) -> int:
         total += res.folded
         if res.caught_up:
             return total
+
+
+THREAD_NAME: Final = "iw-rollups"
+"""The rollup thread's name to the operating system (Linux: ``top -H``, ``ps -L``, ``/proc/<pid>/task/*/comm``):
+its CPU is told apart from ingest's (bench/collector.py counts it as the maintenance's)."""
+
+
+def name_os_thread(name: str) -> None:
+    """Name the calling thread for the operating system (Linux ``prctl(PR_SET_NAME)``, 15 bytes); elsewhere, or
+    when libc cannot be loaded, nothing."""
+    if not sys.platform.startswith("linux"):
+        return
+    with contextlib.suppress(OSError, AttributeError):  # a libc without prctl: unnamed
+        ctypes.CDLL(None).prctl(15, name.encode()[:15], 0, 0, 0)
 
 
 class RollupJob:
@@ -499,6 +550,7 @@ class RollupJob:
             self._thread = None
 
     def _run(self) -> None:
+        name_os_thread(THREAD_NAME)
         while not self._stop.is_set():
             try:
                 with db.deadline(max(30.0, PASS_BUDGET_S * 5)):

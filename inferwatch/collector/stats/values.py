@@ -43,6 +43,10 @@ def _sort_key(k: SeriesKey) -> tuple[str, str, str, str, bool, bool, bool]:
     return (k[0], k[1] or "", k[2] or "", k[3] or "", k[1] is None, k[2] is None, k[3] is None)
 
 
+sort_key: Final = _sort_key
+"""The order of a block's series."""
+
+
 class Block:
     """One period's values per series and field (``fields`` of them), mutable while it is being folded."""
 
@@ -117,6 +121,56 @@ class Block:
                 b.series[k][j].extend(vals[off : off + n])
                 off += n
         return b
+
+
+Encoded = tuple[str, bytes, bytes]
+"""A block as stored: (series, counts, vals) (:meth:`Block.encode`)."""
+
+
+def merge_encoded(fields: int, parts: Sequence[Encoded]) -> Encoded:
+    """Stored blocks merged into one, as :meth:`Block.merge` and :meth:`Block.encode` would make it (the same
+    bytes: the union of the series in their order, the totals summed, each run the stable sort of the parts'
+    runs in order), without making a Python float of any value: each part's arrays are read in place and each
+    run merged by numpy's stable sort (timsort: linear on a few sorted runs). The rollup job merges every pass's
+    rows into the minute's block this way: decoding the block into lists and sorting them again cost it time
+    in proportion to the whole minute on every pass (docs/performance.md, collector ingest, "All-in")."""
+    if len(parts) == 1:
+        return parts[0]
+    read = []
+    union: dict[SeriesKey, None] = {}
+    for series, counts_b, vals_b in parts:
+        keys = parsed_keys(series)
+        counts = np.frombuffer(counts_b, dtype="<i8").reshape(NT + fields, len(keys))
+        read.append((keys, counts, np.frombuffer(vals_b, dtype="<f8")))
+        union.update(dict.fromkeys(keys))
+    order = sorted(union, key=_sort_key)
+    index = {k: i for i, k in enumerate(order)}
+    s = len(order)
+    out_counts = np.zeros((NT + fields, s), dtype=np.int64)
+    runs: list[list[npt.NDArray[np.float64]]] = [[] for _ in range(fields * s)]
+    for keys, counts, vals in read:
+        cols = [index[k] for k in keys]
+        out_counts[:, cols] += counts
+        ends = np.cumsum(counts[NT:].ravel()).tolist()
+        start = 0
+        for r, end in enumerate(ends):  # field-major: run r is field r // len(keys), series r % len(keys)
+            if end > start:
+                runs[(r // len(keys)) * s + cols[r % len(keys)]].append(vals[start:end])
+            start = end
+    pieces = []
+    for run in runs:
+        if len(run) == 1:
+            pieces.append(run[0])
+        elif run:
+            merged = np.concatenate(run)
+            merged.sort(kind="stable")
+            pieces.append(merged)
+    vals_out = np.concatenate(pieces) if pieces else np.zeros(0, dtype="<f8")
+    return (
+        json.dumps([list(k) for k in order]),
+        out_counts.astype("<i8", copy=False).tobytes(),
+        vals_out.astype("<f8", copy=False).tobytes(),
+    )
 
 
 def keys_of(series: str) -> list[SeriesKey]:

@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 SUDO := $(shell [ "$$(id -u)" -ne 0 ] && command -v sudo)
 
-.PHONY: help install demo-deps system-deps lint test test-real bench soak demo goldens check-generated clean
+.PHONY: help install demo-deps system-deps lint test test-real bench mutation soak demo goldens check-generated clean
 
 help: ## show this help
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -64,6 +64,9 @@ bench: $(STAMP) demo-deps ## benchmarks, all of them (non-zero exit when any tar
 		echo "== bench.$$b"; $(PY) -m bench.$$b || missed="$$missed $$b"; \
 	done; \
 	if [ -n "$$missed" ]; then echo "targets missed by:$$missed"; exit 1; fi
+
+mutation: $(STAMP) ## mutation testing of the focused targets, all must score 100% (about 40 minutes; mutation/README.md)
+	$(PY) mutation/run.py
 
 soak: $(STAMP) ## collector under load for a minute: no loss, flat RSS
 	$(PY) -m bench.soak

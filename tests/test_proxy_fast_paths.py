@@ -8,13 +8,18 @@ on a tenant leaving the busiest mid-stream.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+
 import pytest
 from multidict import CIMultiDict
 
+from inferwatch.cli.common import loop_factory
 from inferwatch.core import vocabulary as V
 from inferwatch.proxy import apis as A
 from inferwatch.proxy.client_metrics import ClientMetrics
 from inferwatch.proxy.measure import Exchange, SseReader
+from inferwatch.proxy.server import Proxy, ProxySettings
 from inferwatch.proxy.upstream import Body, Head, UpstreamError
 
 
@@ -135,3 +140,86 @@ def test_a_streams_gap_series_follows_its_tenant_leaving_the_busiest() -> None:
     ex.feed(event, 4.0)
     assert ("m", "t1") not in gaps
     assert sum(gaps[("m", V.TENANT_OTHER)].counts) == 1
+
+
+EVENTS = (b'data: {"choices": [{"text": "a"}]}\n\n', b'data: {"choices": [{"text": "b"}]}\n\n', b"data: [DONE]\n\n")
+
+
+def _frame(payload: bytes) -> bytes:
+    return b"%x\r\n%b\r\n" % (len(payload), payload)
+
+
+async def _read_response(reader: asyncio.StreamReader) -> tuple[bytes, bytes]:
+    """(head, the chunked body's payload), read up to the end (``0\r\n\r\n``)."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    payload = b""
+    while size := int(await reader.readuntil(b"\r\n"), 16):
+        payload += (await reader.readexactly(size + 2))[:-2]
+    assert await reader.readexactly(2) == b"\r\n"
+    return head, payload
+
+
+@pytest.mark.parametrize("event_loop", ["asyncio", "uvloop"])
+@pytest.mark.parametrize("ending", ["with the last chunk", "by itself", "with the head"])
+def test_the_end_of_a_stream_goes_out_once_however_the_engine_wrote_it(event_loop: str, ending: str) -> None:
+    """The read that ends the engine's body ends the client's response in the same write (the last chunk and
+    ``0\\r\\n\\r\\n``); the client gets the same bytes whatever reads the engine's answer came in, the end
+    once (twice, the next response on the connection would start with a stray one), and the same outcome."""
+    head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Type: text/event-stream\r\n\r\n"
+    frames = [_frame(e) for e in EVENTS]
+
+    engines: list[asyncio.StreamWriter] = []
+
+    async def engine(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        engines.append(writer)
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+            while True:
+                request = await reader.readuntil(b"\r\n\r\n")
+                await reader.readexactly(int(request.lower().split(b"content-length: ")[1].split(b"\r\n")[0]))
+                if ending == "with the head":
+                    writer.write(head + b"".join(frames) + b"0\r\n\r\n")
+                    continue
+                writer.write(head)
+                for f in frames[:-1]:
+                    await asyncio.sleep(0.01)
+                    writer.write(f)
+                await asyncio.sleep(0.01)
+                if ending == "by itself":
+                    writer.write(frames[-1])
+                    await asyncio.sleep(0.01)
+                    writer.write(b"0\r\n\r\n")
+                else:
+                    writer.write(frames[-1] + b"0\r\n\r\n")
+        writer.close()
+
+    async def test() -> None:
+        server = await asyncio.start_server(engine, "127.0.0.1", 0)
+        url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        proxy = Proxy(ProxySettings(upstream=url, port=0, engine="vllm", discover_models=False))
+        await proxy.start()
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
+            body = b'{"model": "m", "stream": true}'
+            request = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%b" % (len(body), body)
+            for _ in range(2):  # the second on the same connection: nothing left over from the first
+                writer.write(request)
+                got_head, raw = await asyncio.wait_for(_read_response(reader), 10)
+                assert got_head.startswith(b"HTTP/1.1 200 ")
+                assert raw == b"".join(EVENTS)
+            writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert (await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)).startswith(b"HTTP/1.1 200 ")
+            writer.close()
+            await writer.wait_closed()
+            assert proxy.metrics.requests == {("m", V.TENANT_ANONYMOUS, V.OUTCOME_STOP): 2}
+            assert proxy.pool.idle  # the engine's connection was read whole: kept
+        finally:
+            await proxy.stop()
+            server.close()
+            for w in engines:
+                w.close()
+                with contextlib.suppress(ConnectionError):
+                    await w.wait_closed()
+            await server.wait_closed()
+
+    with asyncio.Runner(loop_factory=loop_factory(event_loop)) as runner:
+        runner.run(test())

@@ -29,6 +29,7 @@ from typing import Any, Final
 
 import aiohttp
 from aiohttp import web
+from aiohttp.http_writer import StreamWriter
 from multidict import CIMultiDict, MultiMapping
 from yarl import URL
 
@@ -81,7 +82,9 @@ CONNECT_TIMEOUT_S: Final = 10.0
 
 def end_to_end(headers: MultiMapping[str], dropped: frozenset[str]) -> list[tuple[str, str]]:
     """The headers to pass on: without the ``dropped`` ones and those the ``Connection`` header names."""
-    drop = dropped.union(t.strip().lower() for v in headers.getall("Connection", ()) for t in v.split(","))
+    drop = dropped
+    if "Connection" in headers:
+        drop = dropped.union(t.strip().lower() for v in headers.getall("Connection") for t in v.split(","))
     return [(k, v) for k, v in headers.items() if k.lower() not in drop]
 
 
@@ -137,6 +140,7 @@ class Proxy:
     def __init__(self, settings: ProxySettings, spans: SpanSink | None = None) -> None:
         self.settings = settings
         self.base = settings.upstream.rstrip("/")
+        self.upstream_url = URL(settings.upstream)
         self.apis = A.engine_apis(settings.engine)
         self.upstream_info = A.ENGINE_UPSTREAM.get(settings.engine or "", A.Upstream())
         self.tenants = Tenants(settings.tenants)
@@ -428,22 +432,32 @@ class Proxy:
         transport = request.transport
         if transport is None or writer is None:  # the client is gone already
             return resp
-        chunked = bool(getattr(writer, "chunked", False))
+        chunked = isinstance(writer, StreamWriter) and writer.chunked
         high = transport.get_write_buffer_limits()[1]
         # once per read of a stream: bound here, not looked up each time
         closing, write, buffered = transport.is_closing, transport.write, transport.get_write_buffer_size
-        feed, clock = ex.feed, time.perf_counter
+        feed, clock, body = ex.feed, time.perf_counter, conn.body
+        assert body is not None  # (set with the head)
+        live = ended = False
 
         def sink(payload: bytes) -> None:
             """Each read of the engine's body, from the connection's callback: on to the client, then measured."""
+            nonlocal ended
             if closing():  # the client went away: aiohttp cancels the handler
                 return
-            write(b"%x\r\n%b\r\n" % (len(payload), payload) if chunked else payload)
+            if not chunked:
+                write(payload)
+            elif body.done and live:  # the read that ended the body: its last chunk and the end in one write
+                write(b"%x\r\n%b\r\n0\r\n\r\n" % (len(payload), payload))
+                ended = True
+            else:
+                write(b"%x\r\n%b\r\n" % (len(payload), payload))
             feed(payload, clock())
             if buffered() > high:
                 conn.pause()  # the client reads slower than the engine writes: read no more until it drains
 
-        conn.relay(sink)
+        conn.relay(sink)  # (what came before, replayed: the end goes out by itself, after it)
+        live = True
         try:
             await conn.read_body(writer.drain)
         except UpstreamError as exc:  # the upstream cut the stream or fell silent
@@ -452,6 +466,8 @@ class Proxy:
             self.cut(request)
             return resp
         ex.finish(time.perf_counter(), headers=head.headers)
+        if ended and isinstance(writer, StreamWriter):  # the end went out with the last chunk: none to write again
+            writer.chunked = False
         with contextlib.suppress(ConnectionError):
             await resp.write_eof()
         return resp
@@ -503,8 +519,8 @@ class Proxy:
             "gen_ai.response.time_to_first_chunk": ex.ttft,
             "gen_ai.server.time_to_first_token": ex.ttft,
             "http.response.status_code": ex.status or None,
-            "server.address": URL(self.settings.upstream).host,
-            "server.port": URL(self.settings.upstream).port,
+            "server.address": self.upstream_url.host,
+            "server.port": self.upstream_url.port,
             LORA_ADAPTER: ex.adapter,
             TENANT: ex.tenant,
             OUTCOME: ex.outcome,

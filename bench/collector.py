@@ -46,7 +46,6 @@ import os
 import shutil
 import signal
 import sqlite3
-import subprocess
 import sys
 import tempfile
 import threading
@@ -63,7 +62,17 @@ import httpx
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from sqlalchemy import make_url, text
 
-from bench.collector_allin import Collectors, CpuSnapshot, Probe, coverage, read_bodies, wait_folded, write_bodies
+from bench.collector_allin import (
+    Collectors,
+    CpuSnapshot,
+    Probe,
+    coverage,
+    go,
+    read_bodies,
+    sender,
+    wait_folded,
+    write_bodies,
+)
 from bench.collector_sustain import MIN_SECONDS, Pool, describe, sustained_run
 from inferwatch.collector.ingest.sources import map_export
 from inferwatch.collector.stats import rollup
@@ -188,35 +197,27 @@ def end_to_end(
         # as a module from the repository root: bench.collector imports tests.support
         cmd = [sys.executable, "-m", "bench.collector", "--send", ",".join(u + "/v1/traces" for u in collectors.bases)]
         cmd += ["--bodies", str(body_file), "--senders", str(senders)]
-        sender = subprocess.Popen(cmd, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-        assert sender.stdin is not None and sender.stdout is not None
         pids = [p.pid for p in collectors.procs]
-        try:  # the sender's start (its imports, the bodies read) is not timed: it says when it is ready
-            if sender.stdout.readline() != b"ready\n":
-                raise RuntimeError("sender did not start")
+        with sender(cmd) as proc:  # its start (imports, the bodies read) is not timed
             before = CpuSnapshot.take(pids)
             t = time.perf_counter()
-            sender.stdin.write(b"go\n")
-            sender.stdin.flush()
+            go(proc)
             with httpx.Client(timeout=30) as poller:  # one connection: a client per poll costs a core's tenth
                 while collectors.stored(poller) < n:
-                    if sender.poll() not in (None, 0):
+                    if proc.poll() not in (None, 0):
                         raise RuntimeError("sender failed")
                     time.sleep(POLL_S)
             took = time.perf_counter() - t
             stored_wall = time.time()
-            said = sender.stdout.readline().split()  # its own CPU seconds from go to the last answer
+            assert proc.stdout is not None
+            said = proc.stdout.readline().split()  # its own CPU seconds from go to the last answer
             sender_cpu = float(said[1]) if len(said) == 2 and said[0] == b"cpu" else float("nan")
-            sender.wait(timeout=60)
+            proc.wait(timeout=60)
             # the maintenance as production runs it: PostgreSQL folds a row GRACE_S to 2 x GRACE_S + INTERVAL_S
             # after it is stored, SQLite within INTERVAL_S (the passes' sleeps are not counted: Tail.busy)
             timeout = 2 * rollup.GRACE_S + rollup.INTERVAL_S + 300
             caught, tail = wait_folded(probe, stored_wall, timeout, TAIL_POLL_S)
             cpu = CpuSnapshot.take(pids).minus(before)
-        finally:
-            if sender.poll() is None:
-                sender.kill()
-                sender.wait(timeout=10)
     finally:
         probe.close()
         collectors.stop()

@@ -15,6 +15,8 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -277,3 +279,27 @@ def read_bodies(path: Path) -> list[bytes]:
         bodies.append(data[i + 4 : i + 4 + size])
         i += 4 + size
     return bodies
+
+
+@contextmanager
+def sender(cmd: list[str]) -> Iterator[subprocess.Popen[bytes]]:
+    """The sender process (``python -m bench.collector --send …``), started and ready: its start (imports,
+    the bodies read) is not timed, it says ``ready`` and waits for :func:`go`. Killed on the way out if it
+    still runs."""
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        if proc.stdout.readline() != b"ready\n":
+            raise RuntimeError("sender did not start")
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
+def go(proc: subprocess.Popen[bytes]) -> None:
+    """Tell a ready sender to start sending."""
+    assert proc.stdin is not None
+    proc.stdin.write(b"go\n")
+    proc.stdin.flush()

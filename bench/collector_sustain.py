@@ -23,7 +23,6 @@ stops, or when the store is wrong (:func:`bench.collector_allin.coverage`).
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -31,7 +30,7 @@ from pathlib import Path
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from bench.collector_allin import ROOT, Collectors, CpuSnapshot, Probe, coverage, wait_folded, write_bodies
+from bench.collector_allin import Collectors, CpuSnapshot, Probe, coverage, go, sender, wait_folded, write_bodies
 from inferwatch.collector.stats import rollup
 
 SAMPLE_S = 1.0
@@ -211,27 +210,18 @@ def sustained_run(
         write_bodies(body_file, pool)
         cmd = [sys.executable, "-m", "bench.collector", "--send", collectors.bases[0] + "/v1/traces"]
         cmd += ["--bodies", str(body_file), "--senders", str(senders), "--rate", str(rate), "--seconds", str(seconds)]
-        sender = subprocess.Popen(cmd, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-        assert sender.stdin is not None and sender.stdout is not None
         pids = [p.pid for p in collectors.procs]
-        try:
-            if sender.stdout.readline() != b"ready\n":
-                raise RuntimeError("sender did not start")
+        with sender(cmd) as proc:
             before = CpuSnapshot.take(pids)
             t0 = time.perf_counter()
-            sender.stdin.write(b"go\n")
-            sender.stdin.flush()
+            go(proc)
             sample_until(probe, t0, seconds, result.samples)
-            said = dict(line.split() for line in sender.communicate(timeout=120)[0].decode().splitlines())
-            if sender.returncode != 0:
+            said = dict(line.split() for line in proc.communicate(timeout=120)[0].decode().splitlines())
+            if proc.returncode != 0:
                 raise RuntimeError("sender failed")
             result.sender_cpu, result.sent = float(said["cpu"]), int(said["sent"])
             drain(probe, result, t0)
             result.cpu = CpuSnapshot.take(pids).minus(before)
-        finally:
-            if sender.poll() is None:
-                sender.kill()
-                sender.wait(timeout=10)
     finally:
         probe.close()
         collectors.stop()

@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
-import signal
 import subprocess
 import tempfile
 import time
@@ -35,7 +33,7 @@ import httpx
 
 from inferwatch.core import vocabulary as V
 from tests.conftest import free_port
-from tests.support.stack import Processes, simulator_cmd
+from tests.support.stack import Processes, simulator_cmd, stop_groups
 from tests.support.wheelenv import build_wheel, clean_env, install
 
 MODEL = "sim-model"
@@ -109,14 +107,7 @@ def part(env_dir: Path, cwd: Path, *args: str) -> Iterator[subprocess.Popen[byte
     try:
         yield proc
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        stop_groups([proc], grace=15)
         if proc.stderr is not None:
             proc.stderr.close()
 

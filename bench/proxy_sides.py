@@ -14,10 +14,8 @@ Every side's CPU time is its process group's, read from ``/proc`` like the proxy
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import shutil
-import signal
 import statistics
 import subprocess
 import tempfile
@@ -26,6 +24,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
+
+from tests.support.stack import stop_groups
 
 HAPROXY_TARGETS = {"throughput": 0.95, "cpu": 1.5, "p99_ms": 0.5}
 """inferwatch's proxy against haproxy (issue 35): throughput at 256 streams >= 0.95x haproxy's, CPU per chunk
@@ -65,14 +65,7 @@ def placement(cores: str) -> tuple[set[int] | None, set[int] | None]:
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+    stop_groups([proc], grace=10)
     log = LOGS.pop(proc.pid, None)
     if log is not None:
         log.close()

@@ -77,13 +77,19 @@ class Processes:
         self._handles.clear()
 
 
-def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
+def stop_groups(procs: list[subprocess.Popen[bytes]], grace: float = STOP_GRACE_S) -> None:
+    """SIGTERM each process's group (each started in a session of its own), SIGKILL what still runs
+    ``grace`` seconds later, and reap them."""
+    _stop(procs, grace)
+
+
+def _stop(procs: list[subprocess.Popen[bytes]], grace: float = STOP_GRACE_S) -> None:
     for p in procs:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(p.pid, signal.SIGTERM)
     for p in procs:
         try:
-            p.wait(timeout=STOP_GRACE_S)
+            p.wait(timeout=grace)
         except subprocess.TimeoutExpired:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(p.pid, signal.SIGKILL)

@@ -33,11 +33,8 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-from collections import Counter
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +45,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from bench.exporter import CAPTURE
 from inferwatch.core import vocabulary as V
 from tests.conftest import free_port
+from tests.support.replay import ReplayServer
 from tests.support.synth import replicate
 
 TARGET_RATIO = 0.5
@@ -66,51 +64,22 @@ VERSION = b'{"version": "0.32.0"}'
 
 class CountingEngine:
     """The fleet's engines: fixed pages at ``/e<i>/metrics`` and vLLM's ``/version``, and how often each
-    page was asked (under a lock; with a backlog as deep as a real engine's, so that the exporter's 100
-    connections at once are not dropped and retried a second later)."""
+    page was asked (with a backlog as deep as a real engine's, so that the exporter's 100 connections at
+    once are not dropped and retried a second later)."""
 
     def __init__(self, page: bytes, engines: int) -> None:
-        self._hits: Counter[str] = Counter()
-        self._lock = lock = threading.Lock()
-        hits = self._hits
-        routes = {f"/e{i}/metrics": (page, "text/plain; version=0.0.4; charset=utf-8") for i in range(engines)}
-        routes["/version"] = (VERSION, "application/json")
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                path = self.path.split("?", 1)[0]
-                with lock:
-                    hits[path] += 1
-                if path not in routes:
-                    self.send_error(404)
-                    return
-                body, ctype = routes[path]
-                self.send_response(200)
-                self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, format: str, *args: object) -> None:
-                return
-
-        class Server(ThreadingHTTPServer):
-            request_queue_size = 1024
-            daemon_threads = True
-
         self.paths = [f"/e{i}/metrics" for i in range(engines)]
-        self.server = Server(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, name="engines", daemon=True).start()
+        routes = {p: ("text/plain; version=0.0.4; charset=utf-8", page) for p in self.paths}
+        routes["/version"] = ("application/json", VERSION)
+        self.server = ReplayServer(routes, backlog=1024)
+        self.url = self.server.start()
 
     def hits(self) -> list[int]:
         """Requests for each engine's metrics page so far."""
-        with self._lock:
-            return [self._hits[p] for p in self.paths]
+        return self.server.count(self.paths)
 
     def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        self.server.stop()
 
 
 def cpu_seconds(pid: int) -> float:

@@ -29,12 +29,10 @@ import re
 import shutil
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +44,7 @@ from inferwatch.core import vocabulary as V
 from inferwatch.exporters.engines import builtin_registry
 from inferwatch.exporters.mapping import EngineAdapter, Row
 from tests.conftest import free_port
-from tests.support.replay import JSON, TEXT
+from tests.support.replay import JSON, TEXT, ReplayServer
 from tests.support.stack import INFERWATCH, Processes, prometheus_cmd
 from tests.support.synth import replicate
 
@@ -148,59 +146,25 @@ def moving(body: bytes, step: int) -> bytes:
     return "\n".join(out).encode()
 
 
-class PageServer:
-    """Bodies at fixed paths on 127.0.0.1, with HTTP/1.1 keep-alive as engines serve them (uvicorn,
-    axum, Triton): a scraper reuses its connection. Counts the requests per path. The engine page's
+class PageServer(ReplayServer):
+    """An engine's routes with HTTP/1.1 keep-alive (a scraper reuses its connection). The engine page's
     values move from request to request (:data:`VARIANTS` pages in turn) until :meth:`hold`, from
     when it serves the page as it is (so that every side's last scrape reads the same values)."""
 
     def __init__(self, routes: dict[str, tuple[str, bytes]], page_path: str | None = None) -> None:
-        self.routes = routes
-        self.hits: dict[str, int] = {}
-        self.url = ""
-        self._server: ThreadingHTTPServer | None = None
-        self.variants: list[bytes] = []
-        if page_path is not None:
-            self.variants = [moving(routes[page_path][1], step) for step in range(1, VARIANTS + 1)]
+        super().__init__(routes, keep_alive=True)
         self.page_path = page_path
+        self.variants = [] if page_path is None else [moving(routes[page_path][1], s) for s in range(1, VARIANTS + 1)]
         self.held = False
 
     def hold(self) -> None:
         self.held = True
 
-    def start(self) -> str:
-        routes, hits, server_self = self.routes, self.hits, self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-            timeout = 30  # an idle keep-alive connection is dropped after this many seconds
-            disable_nagle_algorithm = True  # as uvicorn and Go do: else the body waits for a delayed ACK
-
-            def do_GET(self) -> None:
-                path = self.path.split("?", 1)[0]
-                hits[path] = hits.get(path, 0) + 1
-                ctype, body = routes.get(path, ("text/plain", b"not found\n"))
-                if path == server_self.page_path and server_self.variants and not server_self.held:
-                    body = server_self.variants[hits[path] % VARIANTS]
-                self.send_response(200 if path in routes else 404)
-                self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, format: str, *args: object) -> None:
-                return
-
-        server = self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        server.daemon_threads = True
-        threading.Thread(target=server.serve_forever, name="page-server", daemon=True).start()
-        self.url = f"http://127.0.0.1:{server.server_address[1]}"
-        return self.url
-
-    def stop(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
+    def answer(self, path: str, hit: int) -> tuple[str, bytes] | None:
+        found = self.routes.get(path)
+        if found is not None and path == self.page_path and self.variants and not self.held:
+            return found[0], self.variants[hit % VARIANTS]
+        return found
 
 
 # -- the relabel side: what a user writes to get canonical names without a sidecar -------------------

@@ -377,29 +377,16 @@ class EngineRequest:
                     conn.close()
 
     def _read_plain(self, answer: wire.Answer, url: str, until: float) -> str:
-        limit = self.limits.max_body_bytes
-        decoder = _Inflate(answer.header("content-encoding").strip().lower())
-        if decoder.identity and answer.length is not None and answer.length > limit:
-            raise self._too_large(url)
-        try:
-            parts = self._gather(answer.chunks(), decoder, url, until)
-            tail = decoder.flush()
-        except (wire.WireError, OSError) as exc:
-            if self.aborted or time.monotonic() >= until:
-                raise self._timeout_error(f"reading the body of {url}") from None
-            if isinstance(exc, wire.Cut):
-                raise ScrapeError(f"the body of {url} was cut: {exc}", V.SCRAPE_ERROR_TRUNCATED) from None
-            raise ScrapeError(
-                f"reading {url} failed: {exc.__class__.__name__}: {exc}", V.SCRAPE_ERROR_UNREACHABLE
-            ) from None
-        if sum(map(len, parts)) + len(tail) > limit:
-            raise self._too_large(url)
-        parts.append(tail)
-        charset = _charset(answer.header("content-type")) or "utf-8"
-        try:
-            return b"".join(parts).decode(charset, errors="replace")
-        except LookupError:  # an unknown charset: httpx falls back to utf-8 too
-            return b"".join(parts).decode("utf-8", errors="replace")
+        return self._body(
+            answer.chunks(),
+            answer.header("content-encoding"),
+            answer.length,
+            _charset(answer.header("content-type")),
+            url,
+            until,
+            failures=(wire.WireError, OSError),
+            cut=(wire.Cut,),
+        )
 
     def _redirect(self, url: str, to: httpx.URL) -> str:
         """``to`` when the policy follows a redirect there from ``url``; else ScrapeError (``redirect``)."""
@@ -413,21 +400,48 @@ class EngineRequest:
         )
 
     def _read(self, response: httpx.Response, url: str, until: float) -> str:
-        limit = self.limits.max_body_bytes
-        coding = response.headers.get("content-encoding", "").strip().lower()
-        decoder = _Inflate(coding)
         declared = response.headers.get("content-length", "")
-        if decoder.identity and declared.isdigit() and int(declared) > limit:
+        return self._body(
+            response.iter_raw(),
+            response.headers.get("content-encoding", ""),
+            int(declared) if declared.isdigit() else None,
+            response.charset_encoding,
+            url,
+            until,
+            failures=(httpx.HTTPError, OSError),
+            cut=(httpx.RemoteProtocolError,),
+            timeouts=(httpx.TimeoutException,),
+        )
+
+    def _body(
+        self,
+        chunks: Iterable[bytes],
+        coding: str,
+        length: int | None,
+        charset: str | None,
+        url: str,
+        until: float,
+        *,
+        failures: tuple[type[Exception], ...],
+        cut: tuple[type[Exception], ...],
+        timeouts: tuple[type[Exception], ...] = (),
+    ) -> str:
+        """The decoded text of a body read from either HTTP client's raw ``chunks``, within the deadline
+        and the body limit; ``failures`` are that client's read errors, ``cut`` those that mean the
+        body ended early, ``timeouts`` those that mean its own timeout."""
+        limit = self.limits.max_body_bytes
+        decoder = _Inflate(coding.strip().lower())
+        if decoder.identity and length is not None and length > limit:
             raise self._too_large(url)
         try:
-            parts = self._gather(response.iter_raw(), decoder, url, until)
+            parts = self._gather(chunks, decoder, url, until)
             tail = decoder.flush()
-        except httpx.TimeoutException:
+        except timeouts:
             raise self._timeout_error(f"reading the body of {url}") from None
-        except (httpx.HTTPError, OSError) as exc:
+        except failures as exc:
             if self.aborted or time.monotonic() >= until:
                 raise self._timeout_error(f"reading the body of {url}") from None
-            if isinstance(exc, httpx.RemoteProtocolError):
+            if isinstance(exc, cut):
                 raise ScrapeError(f"the body of {url} was cut: {exc}", V.SCRAPE_ERROR_TRUNCATED) from None
             raise ScrapeError(
                 f"reading {url} failed: {exc.__class__.__name__}: {exc}", V.SCRAPE_ERROR_UNREACHABLE
@@ -435,7 +449,10 @@ class EngineRequest:
         if sum(map(len, parts)) + len(tail) > limit:
             raise self._too_large(url)
         parts.append(tail)
-        return b"".join(parts).decode(response.charset_encoding or "utf-8", errors="replace")
+        try:
+            return b"".join(parts).decode(charset or "utf-8", errors="replace")
+        except LookupError:  # an unknown charset: httpx falls back to utf-8 too
+            return b"".join(parts).decode("utf-8", errors="replace")
 
     def _gather(self, chunks: Iterable[bytes], decoder: _Inflate, url: str, until: float) -> list[bytes]:
         """The decompressed body from the raw ``chunks`` of either HTTP client, within the deadline and the

@@ -358,10 +358,7 @@ def _sample(
     if brace != -1 and (space == -1 or brace < space):
         name = line[:brace]
         if name not in wanted:
-            _check_name(name, lineno, line)
-            if remember:
-                _remember(cache, line, False)
-            return False, ""
+            return _unwanted(name, lineno, line, cache, remember)
         close = line.rfind("}")
         if close < brace:
             raise ParseError(f"line {lineno}: unterminated label set: {line[:120]!r}")
@@ -377,10 +374,7 @@ def _sample(
             return False, ""
         name = line[:space]
         if name not in wanted:
-            _check_name(name, lineno, line)
-            if remember:
-                _remember(cache, line, False)
-            return False, ""
+            return _unwanted(name, lineno, line, cache, remember)
         labels = ()
         end = space
     rest = line[end:].split()
@@ -391,6 +385,14 @@ def _sample(
     if remember and line[end:] == " " + rest[0]:  # no timestamp, no odd spacing: the head is the series
         cache.heads[line[:end]] = entry
     return entry, rest[0]
+
+
+def _unwanted(name: str, lineno: int, line: str, cache: LineCache, remember: bool) -> tuple[Literal[False], str]:
+    """A line of a name not wanted: checked for garbage, its head cached (with ``remember``), skipped."""
+    _check_name(name, lineno, line)
+    if remember:
+        _remember(cache, line, False)
+    return False, ""
 
 
 def _remember(cache: LineCache, line: str, entry: Literal[False]) -> None:

@@ -21,29 +21,46 @@ JSON = "application/json"
 
 @dataclass
 class ReplayServer:
-    """``routes`` maps a path to ``(content_type, body)``; everything else is 404."""
+    """``routes`` maps a path to ``(content_type, body)``; everything else is 404. :attr:`hits` counts
+    the requests per path (exactly, under a lock). ``keep_alive``: HTTP/1.1 with connections kept and
+    ``TCP_NODELAY``, as uvicorn and Go serve (else HTTP/1.0, a connection per request); ``backlog``: the
+    listen queue (a real engine's is deep; socketserver's default is 5)."""
 
     routes: Mapping[str, tuple[str, bytes]]
     host: str = "127.0.0.1"
     port: int = 0
     url: str = ""
+    keep_alive: bool = False
+    backlog: int = 5
     _server: ThreadingHTTPServer | None = None
     _thread: threading.Thread | None = None
     hits: dict[str, int] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def answer(self, path: str, hit: int) -> tuple[str, bytes] | None:
+        """What the ``hit``-th request for ``path`` gets (``None``: 404); subclasses may vary it."""
+        return self.routes.get(path)
+
+    def count(self, paths: list[str]) -> list[int]:
+        """The requests for each of ``paths`` so far, read at one moment."""
+        with self._lock:
+            return [self.hits.get(p, 0) for p in paths]
 
     def start(self) -> str:
-        routes = self.routes
-        hits = self.hits
+        replay = self
 
         class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1" if replay.keep_alive else "HTTP/1.0"
+            disable_nagle_algorithm = replay.keep_alive
+            timeout = 30  # an idle kept connection is dropped after this many seconds
+
             def do_GET(self) -> None:
                 path = self.path.split("?", 1)[0]
-                hits[path] = hits.get(path, 0) + 1
-                if path not in routes:
-                    self.send_error(404)
-                    return
-                ctype, body = routes[path]
-                self.send_response(200)
+                with replay._lock:
+                    hit = replay.hits[path] = replay.hits.get(path, 0) + 1
+                found = replay.answer(path, hit)
+                ctype, body = found if found is not None else ("text/plain", b"not found\n")
+                self.send_response(200 if found is not None else 404)
                 self.send_header("Content-Type", ctype)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
@@ -52,8 +69,11 @@ class ReplayServer:
             def log_message(self, format: str, *args: object) -> None:
                 return
 
-        self._server = ThreadingHTTPServer((self.host, self.port), Handler)
-        self._server.daemon_threads = True
+        class Server(ThreadingHTTPServer):
+            request_queue_size = replay.backlog
+            daemon_threads = True
+
+        self._server = Server((self.host, self.port), Handler)
         self._thread = threading.Thread(target=self._server.serve_forever, name="replay", daemon=True)
         self._thread.start()
         self.url = f"http://{self.host}:{self._server.server_address[1]}"

@@ -2,9 +2,9 @@
 
 1. Limit: the rows of 100k ``llm_request`` spans (mapped and prepared beforehand, not timed) inserted by the
    driver's fast path alone, 512 per transaction, into a fresh store: SQLite ``executemany`` of tuples on a raw
-   sqlite3 connection (WAL, ``synchronous=FULL`` as the collector runs it); PostgreSQL ``COPY`` into a
-   temporary table, then ``INSERT … SELECT … ON CONFLICT DO NOTHING`` (psycopg 3, no SQLAlchemy). The best
-   the store can do with the same idempotent insert.
+   sqlite3 connection (WAL, ``synchronous=FULL`` and the page cache as the collector runs them); PostgreSQL
+   ``COPY`` into a temporary table, then ``INSERT … SELECT … ON CONFLICT DO NOTHING`` (psycopg 3, no
+   SQLAlchemy). The best the store can do with the same idempotent insert.
 2. End to end: ``inferwatch collector serve`` (a separate process, fresh store) receives the same 100k spans as
    OTLP/HTTP protobuf bodies of 512 from a sender process (``--senders`` concurrent keep-alive connections, as
    several engines export at once); the rate is stored rows per second from the first send until the last row
@@ -119,6 +119,7 @@ def sqlite_limit(path: Path, rows: Sequence[Row], batch: int) -> float:
     conn = sqlite3.connect(path / db.DB_FILENAME, isolation_level=None)
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute("PRAGMA synchronous=FULL")
+    conn.execute(f"PRAGMA cache_size=-{db.SQLITE_CACHE_KIB}")
     sql = f"INSERT INTO {TABLE} ({COLUMNS}, received_at) VALUES ({', '.join('?' * (len(ROW_COLUMNS) + 1))}) {CONFLICT}"
     t = time.perf_counter()
     for i in range(0, len(rows), batch):  # one executemany and one commit per batch

@@ -155,6 +155,43 @@ def test_queue_full_is_backpressure(tmp_path: Path) -> None:
         assert r.status_code in (429, 503) and r.headers["retry-after"]
 
 
+def test_an_export_waits_for_room_before_it_is_decoded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under overload an export waits for room in the write queue before a worker decodes it; after the
+    admission wait it goes on as any other (stored here: the real queue has room)."""
+    from inferwatch.collector.api.routes import traces
+
+    settings = CollectorSettings(data_dir=tmp_path, grpc_listen=None)
+    app = create_app(settings)
+    with TestClient(app) as c:
+        ingestor = app.state.collector.ingestor
+        events: list[str] = []
+        full = iter([True, True, True])  # no room three times, then room
+        prepare = ingestor.prepare
+
+        def has_room() -> bool:
+            room = not next(full, False)
+            events.append(f"room={room}")
+            return room
+
+        def spy(*args: Any) -> Any:
+            events.append("prepare")
+            return prepare(*args)
+
+        monkeypatch.setattr(ingestor, "has_room", has_room)
+        monkeypatch.setattr(ingestor, "prepare", spy)
+        assert c.post("/v1/traces", content=bodies()[5], headers={"content-type": PB}).status_code == 200
+        assert events == ["room=False", "room=False", "room=False", "room=True", "prepare"]
+        events.clear()
+        monkeypatch.setattr(ingestor, "has_room", lambda: False)  # never room: decoded after the wait
+        monkeypatch.setattr(traces, "ADMISSION_WAIT_S", 0.05)
+        assert c.post("/v1/traces", content=bodies()[6], headers={"content-type": PB}).status_code == 200
+        assert events == ["prepare"]
+        flush(c)
+        sent = [ExportTraceServiceRequest.FromString(b) for b in bodies()[5:7]]
+        spans = [s for r in sent for rs in r.resource_spans for ss in rs.scope_spans for s in ss.spans]
+        assert stored(c) == sum(s.name == "llm_request" for s in spans) > 0
+
+
 def test_official_sdk_exporters_http_and_grpc(settings: CollectorSettings) -> None:
     """The same spans through opentelemetry-exporter-otlp-proto-http and -grpc, as vLLM sends them."""
     from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter

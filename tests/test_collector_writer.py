@@ -94,6 +94,21 @@ def test_writer_refuses_a_batch_beyond_queue_limit(store: Engine, tmp_path: Path
     assert stored_keys(store) == keys(batch(8, trace=1) + batch(2, trace=3))
 
 
+def test_room_is_told_before_a_batch_would_be_refused(store: Engine, tmp_path: Path) -> None:
+    """has_room/wait_for_room (the receivers' admission before decoding) agree with the refusal at the limit."""
+    writer = Writer(store, tmp_path / "spool.jsonl", queue_limit=10, batch_size=4)  # not started: nothing drains
+    assert writer.submit(batch(8, trace=1))
+    assert writer.has_room(2) and not writer.has_room(3)  # 8 + 2 = the limit exactly; 8 + 3 is refused
+    assert not writer.wait_for_room(3, 0.05)
+    assert not writer.submit(batch(3, trace=2))
+    started = time.monotonic()
+    writer.start()  # the writer takes the queue: room again
+    assert writer.wait_for_room(10, 10.0) and writer.has_room(10)
+    assert time.monotonic() - started < 10.0
+    assert writer.stop()
+    assert stored_keys(store) == keys(batch(8, trace=1))
+
+
 def test_writer_spools_while_the_database_is_unreachable(store: Engine, unreachable: Engine, tmp_path: Path) -> None:
     target = {"engine": store}
 

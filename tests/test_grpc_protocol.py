@@ -123,6 +123,9 @@ class ScriptedIngestor:
         done.set_result(PreparedExport(PROTOBUF, spans=1))
         return done
 
+    def has_room(self) -> bool:
+        return True
+
     def commit(self, prepared: PreparedExport) -> IngestResult:
         self.calls.append(time.monotonic())
         return self.results.pop(0) if self.results else IngestResult(1, 0)

@@ -71,6 +71,9 @@ class TraceService:
         if not self._authorised(context):
             self.ingestor.metrics.rejected.labels(reason="grpc_unauthenticated").inc()
             context.abort(grpc.StatusCode.UNAUTHENTICATED, "a bearer token with the ingest scope is required")
+        # under overload, room in the write queue first: a body decoded only to be refused wastes a worker
+        if not self.ingestor.has_room():
+            self.ingestor.wait_for_room()
         # decoded and mapped in an ingest worker process; this thread waits for it, then for durability
         prepared = self.ingestor.prepare(raw, PROTOBUF, None).result()
         if prepared.error is not None:

@@ -54,6 +54,11 @@ REFUSALS: Final = {
     "spool_full": "database unreachable and the spool full, retry later",
     "stopping": "collector shutting down, retry later",
 }
+ADMISSION_WAIT_S: Final = 2.0
+"""The longest an export waits for room in the write queue before its body is decoded. Under overload (the queue
+full) a body decoded and then refused cost a worker its whole decoding for nothing, and the client sends it again:
+waiting first spends that CPU on the exports that are stored. After the wait the export goes on as any other (and
+is refused, counted by its spans, when there is still no room)."""
 START_METHOD: Final = "forkserver"
 """Worker processes are forked from a clean server process (never from this one, whose threads a fork would
 copy mid-state), with the mapping code preloaded: a pool starts in milliseconds."""
@@ -174,6 +179,19 @@ class Ingestor:
         if not closing:  # a pool shut down by close() refuses new work: no worker died
             log.error("an ingest worker process died; starting new ones (this export is prepared in-process)")
         pool.shutdown(wait=False, cancel_futures=True)
+
+    # --- admission ---
+
+    def _batch(self) -> int:
+        return min(self.writer.batch_size, self.writer.queue_limit)
+
+    def has_room(self) -> bool:
+        """The write queue has room for another batch now (a hint, read without a lock)."""
+        return self.writer.has_room(self._batch())
+
+    def wait_for_room(self, timeout: float = ADMISSION_WAIT_S) -> bool:
+        """Block until the write queue has room for another batch, at most ``timeout`` seconds (a thread's wait)."""
+        return self.writer.wait_for_room(self._batch(), timeout)
 
     # --- the two stages ---
 

@@ -12,25 +12,24 @@ it. :func:`inferwatch.collector.store.inserts.insert_records` is idempotent on (
 a record twice (a replay of records already inserted, a client retrying) is harmless. Should the
 spool be unwritable, the batch is committed to the database before the answer instead.
 
-When the database is unreachable (an error :func:`inferwatch.collector.store.db.is_unreachable` counts,
-the deadline of one write, ``write_timeout``, included) the records simply stay in the spool; the
-queue is not written. Every ``retry_interval`` seconds (doubling up to ``max_retry_interval``) the
-thread probes the database and replays the spool in order from the last commit; once it has caught
-up the database counts as back. While idle it probes the database every ``probe_interval`` seconds,
-so :attr:`Writer.db_ok` (``database_up``) falls within seconds of an outage even without traffic.
-While the database is down a spool beyond ``spool_max_bytes`` refuses new batches (503). A full
-queue refuses them too (429): back-pressure. Records the database refuses for what they contain
-(a constraint, a value it cannot store) are isolated by bisecting the batch, counted by reason and
-appended to ``<spool>.rejected`` instead of being retried forever (the ingest path rejects what it
-knows the database would refuse before answering, see :func:`inferwatch.collector.store.rows.refusal`).
-:class:`~inferwatch.collector.store.tickets.Ticket` says what became of an offered batch.
+When the database is unreachable (an error :func:`inferwatch.collector.store.db.is_unreachable` counts, the
+deadline of one write, ``write_timeout``, included) the records simply stay in the spool; the queue is not
+written. Every ``retry_interval`` seconds (doubling up to ``max_retry_interval``) the thread probes the
+database and replays the spool in order from the last commit; once it has caught up the database counts as
+back. While idle it probes every ``probe_interval`` seconds, so :attr:`Writer.db_ok` (``database_up``) falls
+within seconds of an outage even without traffic. While the database is down a spool beyond
+``spool_max_bytes`` refuses new batches (503). A full queue refuses them too (429): back-pressure (receivers
+wait for room before decoding, :meth:`Writer.wait_for_room`). Records the database refuses for what they
+contain are isolated by bisecting the batch, counted by reason and appended to ``<spool>.rejected`` instead
+of being retried forever (the ingest path rejects what it knows the database would refuse before answering,
+:func:`inferwatch.collector.store.rows.refusal`). A :class:`~inferwatch.collector.store.tickets.Ticket` says
+what became of an offered batch.
 
 Retention (``retention``: delete the requests that started longer ago than that, a pass every
 ``retention_interval`` seconds) runs in the writer thread in small steps, the records queued meanwhile
-inserted between two (:class:`~inferwatch.collector.store.retention.RetentionSchedule`).
-
-:meth:`Writer.stop` applies what is queued; should the thread be stuck in a database call past the
-timeout, what it had not committed is in the spool already, for the next start.
+inserted between two (:class:`~inferwatch.collector.store.retention.RetentionSchedule`). :meth:`Writer.stop`
+applies what is queued; should the thread be stuck in a database call past the timeout, what it had not
+committed is in the spool already, for the next start.
 """
 
 from __future__ import annotations
@@ -63,10 +62,6 @@ MAX_WAIT_S: Final = 1.0
 """upper bound of one idle wait of the writer thread (timers are re-checked at least this often)."""
 
 
-def _utcnow() -> datetime:
-    return datetime.now(UTC)
-
-
 COALESCE_BATCHES = 8
 """At most this many ``batch_size`` batches are written in one transaction when records are waiting."""
 SPOOL_MAX_BYTES: Final = 1 << 30
@@ -75,13 +70,11 @@ SPOOL_MAX_BYTES: Final = 1 << 30
 class Writer:
     """The write-ahead log (the spool) and the thread that applies it to the store (see the module doc).
 
-    ``insert``, ``delete_older``, ``probe`` and ``now`` are seams for tests (defaults: the prepared rows
-    inserted with :func:`inferwatch.collector.store.inserts.insert_rows`,
-    :func:`inferwatch.collector.store.retention.delete_oldest`, :func:`inferwatch.collector.store.db.ping`
-    and the UTC wall clock; an ``insert`` given gets the records back); ``clock`` is the monotonic clock of
-    the batching, retry, probe and retention timers. ``flush_interval`` is how long a record may wait for more
-    to join its transaction (0: no lingering: whatever is queued goes together).
-    """
+    ``insert``, ``delete_older``, ``probe`` and ``now`` are seams for tests (defaults: the prepared rows inserted
+    with :func:`~inferwatch.collector.store.inserts.insert_rows`, :func:`~.retention.delete_oldest`,
+    :func:`~.db.ping`, the UTC wall clock; an ``insert`` given gets the records back); ``clock``: the monotonic
+    clock of the batching, retry, probe and retention timers; ``flush_interval``: how long a record may wait for
+    more to join its transaction (0: whatever is queued goes together)."""
 
     def __init__(
         self,
@@ -103,7 +96,7 @@ class Writer:
         insert: InsertFn | None = None,
         delete_older: DeleteFn = delete_oldest,
         probe: Callable[[Engine], None] = ping,
-        now: Callable[[], datetime] = _utcnow,
+        now: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         if queue_limit < 1 or batch_size < 1:
             raise ValueError("queue_limit and batch_size must be positive")
@@ -203,7 +196,7 @@ class Writer:
             dead = self._thread is not None and not self._thread.is_alive()
             if self._stopping or dead:
                 return "stopping"
-            if self._queued + n > self.queue_limit:
+            if not self.has_room(n):
                 return "queue_full"
         if not self.db_ok and self.spool_max_bytes and self.spool.size() >= self.spool_max_bytes:
             return "spool_full"
@@ -228,6 +221,16 @@ class Writer:
     def submit(self, records: Sequence[RequestRecord]) -> bool:
         """:meth:`offer`: True when accepted."""
         return self.offer(records).refused is None
+
+    def has_room(self, n: int) -> bool:
+        """A batch of ``n`` would be queued, not refused ``queue_full`` (a hint without the lock: admission)."""
+        return self._queued + n <= self.queue_limit
+
+    def wait_for_room(self, n: int, timeout: float) -> bool:
+        """:meth:`has_room` once there is room (or the writer stops), waiting at most ``timeout`` seconds."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._stopping or self.has_room(n), timeout)
+            return self.has_room(n)
 
     @property
     def queue_depth(self) -> int:
@@ -370,6 +373,7 @@ class Writer:
                         self._oldest = None
                         self._flush_requested = False
                     self._inflight = chunks
+                    self._cond.notify_all()  # room in the queue: receivers waiting for it (wait_for_room)
                     return chunks
                 if self._stopping:
                     return []
@@ -587,10 +591,7 @@ class Writer:
         try:
             deleted, took = schedule.step(self.engine, self.write_timeout)
         except Exception as exc:
-            if not is_unreachable(exc):
-                log.exception("retention pass failed")
-                return
-            self._went_down(exc)
+            self._went_down(exc) if is_unreachable(exc) else log.exception("retention pass failed")
             return
         with self._stats_lock:
             self.stats.retention_deleted += deleted

@@ -30,6 +30,7 @@ from inferwatch.collector.ingest.otlp import (
     encode_status,
     media_type,
 )
+from inferwatch.collector.ingest.pipeline import ADMISSION_WAIT_S, Ingestor
 from inferwatch.collector.schemas import OtlpExportResponse, RpcStatus
 
 __all__ = ["GRPC_CODES", "REQUEST", "RESPONSES", "RETRY_AFTER_SECONDS", "otlp_error", "router"]
@@ -129,6 +130,25 @@ def _slots(request: Request, size: int) -> asyncio.Semaphore:
     return slots
 
 
+ROOM_POLL_S: Final = 0.005
+"""How often the export first in line reads whether the write queue has room again (the others wait behind it)."""
+
+
+async def wait_for_room(request: Request, ingestor: Ingestor) -> None:
+    """Under overload (no room in the write queue), wait up to ``ADMISSION_WAIT_S`` for room before the body is
+    read and decoded; one export at a time polls, the others queue behind it (no poll per waiting export)."""
+    state = request.app.state
+    line: asyncio.Lock | None = getattr(state, "otlp_room_line", None)
+    if line is None:
+        line = state.otlp_room_line = asyncio.Lock()
+    try:
+        async with asyncio.timeout(ADMISSION_WAIT_S), line:
+            while not ingestor.has_room():
+                await asyncio.sleep(ROOM_POLL_S)
+    except TimeoutError:
+        pass  # decoded now, and refused by its spans if there is still no room
+
+
 async def read_body(request: Request, limit: int, timeout: float) -> bytes:
     """The request body; ``OtlpError`` 413 past ``limit`` bytes, 408 when not all there within ``timeout``."""
     body = bytearray()
@@ -170,6 +190,8 @@ async def _export(request: Request, collector: CollectorDep, creds: Bearer, cont
         declared = (request.headers.get("content-length") or "").strip()
         if _CONTENT_LENGTH.fullmatch(declared) and int(declared) > limit:
             raise OtlpError(413, f"request body of {declared} bytes exceeds the {limit}-byte limit")
+        if not collector.ingestor.has_room():
+            await wait_for_room(request, collector.ingestor)
         body = await read_body(request, limit, settings.body_timeout_seconds)
     except OtlpError as exc:
         collector.metrics.rejected.labels(reason=f"http_{exc.status}").inc()

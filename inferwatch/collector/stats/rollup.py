@@ -449,7 +449,9 @@ def _fold(conn: Connection, result: FoldResult, grace: float, budget: float, chu
     read = folded
     while read < target:
         upto = min(target, read + chunk)
-        rows = conn.execute(select(*cols).where(t.c.id > read, t.c.id <= upto)).all()
+        found = conn.execute(select(*cols).where(t.c.id > read, t.c.id <= upto))
+        rows = found.cursor.fetchall()  # the driver's tuples: making Row objects cost a sixth of a pass
+        found.close()
         conn.commit()
         pending.add(rows)
         read = upto

@@ -214,6 +214,8 @@ class Collectors:
     ) -> None:
         self.procs: list[subprocess.Popen[bytes]] = []
         self.bases: list[str] = []
+        self.logs: list[Path] = []
+        """Each collector's stderr (a file: a pipe nobody reads would stall its logging once full)."""
         env = dict(os.environ)
         if processes is not None:
             env["INFERWATCH_COLLECTOR_INGEST_PROCESSES"] = str(processes)
@@ -224,9 +226,13 @@ class Collectors:
             cmd = [sys.executable, "-m", "inferwatch", "collector", "serve", "--data-dir", str(data_dir / f"c{i}")]
             cmd += ["--listen", f"127.0.0.1:{port}", "--grpc-listen", f"127.0.0.1:{grpc_port}"]
             cmd += ["--log-level", "warning", "--database-url", url]
-            self.procs.append(
-                subprocess.Popen(cmd, cwd=root or ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-            )
+            log = data_dir / f"c{i}.log"
+            log.parent.mkdir(parents=True, exist_ok=True)
+            self.logs.append(log)
+            with log.open("wb") as err:
+                self.procs.append(
+                    subprocess.Popen(cmd, cwd=root or ROOT, env=env, stdout=subprocess.DEVNULL, stderr=err)
+                )
             self.bases.append(f"http://127.0.0.1:{port}")
 
     def wait_ready(self) -> None:
@@ -239,9 +245,16 @@ class Collectors:
                 except httpx.HTTPError:
                     pass
                 if time.monotonic() > deadline or proc.poll() is not None:
-                    err = proc.stderr.read().decode() if proc.stderr and proc.poll() is not None else ""
-                    raise RuntimeError("collector did not start: " + err)
+                    raise RuntimeError("collector did not start: " + "\n".join(self.logged()))
                 time.sleep(0.2)
+
+    def logged(self, most: int = 5) -> list[str]:
+        """The first ``most`` lines the collectors logged (at warning and above: the level they run at)."""
+        lines: list[str] = []
+        for log in self.logs:
+            if log.exists():
+                lines += [f"{log.stem}: {line}" for line in log.read_text(errors="replace").splitlines() if line]
+        return lines[:most]
 
     def stored(self, client: httpx.Client) -> int:
         return sum(stored_rows(client, base) for base in self.bases)

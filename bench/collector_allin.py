@@ -206,6 +206,10 @@ def coverage(url: str, n: int) -> list[str]:
     return problems
 
 
+LOGGED = ("WARNING", "ERROR", "CRITICAL", "Traceback")
+"""What :meth:`Collectors.logged` shows of a collector's stderr."""
+
+
 class Collectors:
     """``replicas`` collector processes on one store, each with a data directory of its own."""
 
@@ -249,11 +253,12 @@ class Collectors:
                 time.sleep(0.2)
 
     def logged(self, most: int = 5) -> list[str]:
-        """The first ``most`` lines the collectors logged (at warning and above: the level they run at)."""
+        """The first ``most`` warnings, errors and tracebacks the collectors logged (not the start-up banner)."""
         lines: list[str] = []
         for log in self.logs:
             if log.exists():
-                lines += [f"{log.stem}: {line}" for line in log.read_text(errors="replace").splitlines() if line]
+                text = log.read_text(errors="replace").splitlines()
+                lines += [f"{log.stem}: {line}" for line in text if any(w in line for w in LOGGED)]
         return lines[:most]
 
     def stored(self, client: httpx.Client) -> int:

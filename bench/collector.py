@@ -10,13 +10,13 @@
    several engines export at once); the rate is stored rows per second from the first send until the last row
    is stored (read from the collector's self-metrics every 0.1 s over one connection). The sender starts, reads
    its bodies and says it is ready before the clock starts; it reports its own CPU, which shares the 2 cores.
-   The collector runs its rollup job as production does (a thread of ``collector serve``, a pass every
+   The collector runs its rollup job as production does (a process of ``collector serve``, a pass every
    ``INTERVAL_S``; on PostgreSQL a row is folded ``GRACE_S`` after it was seen stored), and the run ends only when
    the rollups' watermark covers every stored row. **All-in rate**: the spans over the time until the last row was
    stored plus the time the job then spent folding (each pass from its start to its last watermark move: its
    scheduled sleeps and the grace are latency, not work, and not counted; bench/collector_allin.py). CPU per span
    all-in, from the first send until the rollups caught up (``/proc``): the collector's process, its worker
-   processes and its rollup thread (named ``iw-rollups``) apart; the sender's own.
+   processes and its rollup job (named ``iw-rollups``) apart; the sender's own.
    **Targets: >= 0.8x the limit on SQLite, >= 0.7x on PostgreSQL, all-in** (the local server, a scratch schema). Limit
    and end to end are measured in interleaved rounds (``--rounds``), the best of each side compared, so that a
    busy moment of the shared machine does not decide the ratio. On PostgreSQL each measurement starts on a

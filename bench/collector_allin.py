@@ -2,11 +2,12 @@
 watermark read from the store, the time the maintenance spent folding after the last row was stored, and the
 checks that every row was stored and folded (the rollups and the value blocks cover every stored row).
 
-The maintenance is the collector's own rollup job (:class:`inferwatch.collector.stats.rollup.RollupJob`): a thread
-of each ``inferwatch collector serve`` process, a pass every ``INTERVAL_S`` seconds, on PostgreSQL folding a row
-only ``GRACE_S`` to 2 x ``GRACE_S`` + ``INTERVAL_S`` seconds after it was stored. Those waits are latency by
-design, not work: the clock of a burst counts the time the job spent *folding* after the last row was stored
-(each pass from its start, ``rollup_state.updated_at``, to its last watermark move seen), not its sleeps.
+The maintenance is the collector's own rollup job (:class:`inferwatch.collector.stats.rollup.RollupJob`): a
+process of each ``inferwatch collector serve`` (:mod:`inferwatch.collector.stats.rollup_process`), a pass every
+``INTERVAL_S`` seconds, on PostgreSQL folding a row only ``GRACE_S`` to 2 x ``GRACE_S`` + ``INTERVAL_S`` seconds
+after it was stored. Those waits are latency by design, not work: the clock of a burst counts the time the job
+spent *folding* after the last row was stored (each pass from its start, ``rollup_state.updated_at``, to its
+last watermark move seen), not its sleeps.
 """
 
 from __future__ import annotations
@@ -59,6 +60,13 @@ def tree_cpu(pid: int) -> dict[int, float]:
     return tree
 
 
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
 def thread_cpu(pid: int, name: str) -> float:
     """CPU seconds of the threads of ``pid`` the OS knows by ``name`` (``/proc/<pid>/task/*/comm``)."""
     total = 0.0
@@ -79,8 +87,9 @@ def thread_cpu(pid: int, name: str) -> float:
 
 @dataclass
 class CpuSnapshot:
-    """The CPU seconds of collector processes: their main processes (the rollup thread apart), their worker
-    processes, their rollup threads."""
+    """The CPU seconds of collector processes: their main processes (a rollup thread apart), their worker
+    processes, their rollup job (the process ``collector serve`` runs it in, or a thread of an older collector's,
+    both named ``iw-rollups``)."""
 
     main: float = 0.0
     workers: float = 0.0
@@ -92,9 +101,10 @@ class CpuSnapshot:
         for pid in pids:
             tree = tree_cpu(pid)
             roll = thread_cpu(pid, rollup.THREAD_NAME)
-            snap.rollups += roll
+            jobs = {p for p in tree if p != pid and _comm(p) == rollup.THREAD_NAME}
+            snap.rollups += roll + sum(tree[p] for p in jobs)
             snap.main += tree.get(pid, 0.0) - roll
-            snap.workers += sum(cpu for p, cpu in tree.items() if p != pid)
+            snap.workers += sum(cpu for p, cpu in tree.items() if p != pid and p not in jobs)
         return snap
 
     def minus(self, before: CpuSnapshot) -> CpuSnapshot:

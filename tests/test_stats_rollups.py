@@ -269,7 +269,10 @@ def test_rollup_job_runs_with_the_collector(tmp_path: Path) -> None:
         while totals(eng)[0] < 200 and datetime.now(UTC) < deadline:
             threading.Event().wait(0.05)
         assert totals(eng) == (200, 200)
-    assert app.state.rollups._thread is None  # stopped with the collector
+        pid = app.state.rollups._process.pid  # a process of its own: its passes hold no GIL against ingest
+        assert Path(f"/proc/{pid}/comm").read_text().strip() == rollup.THREAD_NAME
+    assert not app.state.rollups.running  # stopped with the collector
+    assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split(")")[-1][:3]
 
 
 def test_value_blocks_merge_across_passes_and_read_back_per_group(engine: Engine) -> None:

@@ -119,6 +119,7 @@ COMPONENTS: dict[str, str | None] = {
     "test_mutants_ranks.py": "collector",
     "test_mutants_spool.py": "collector",
     "test_stats_rollups.py": "collector",
+    "test_rollup_process.py": "collector",
     "test_stats_folding.py": "collector",
     "test_stats_values_merge.py": "collector",
     "test_percentile_ranks.py": "collector",

@@ -18,9 +18,12 @@ from sqlalchemy import Engine
 
 from inferwatch.collector.api.headers import SecurityHeaders
 from inferwatch.collector.api.routes import answers, chargeback, health, request_log, statistics, traces, webhooks
-from inferwatch.collector.service import build
+from inferwatch.collector.ingest.prepare import exit_with
+from inferwatch.collector.service import build, db_timeouts
 from inferwatch.collector.settings import CollectorSettings
 from inferwatch.collector.stats.rollup import RollupJob
+from inferwatch.collector.stats.rollup_process import RollupProcess
+from inferwatch.collector.store import db
 
 API_PREFIX: Final = "/api/v1"
 
@@ -28,7 +31,11 @@ API_PREFIX: Final = "/api/v1"
 def create_app(settings: CollectorSettings, engine: Engine | None = None, start_grpc: bool = True) -> FastAPI:
     """The collector app. ``engine`` may be passed in (tests); otherwise it comes from the settings."""
     collector = build(settings, engine)
-    rollups = RollupJob(collector.engine)
+    rollups: RollupJob | RollupProcess
+    if collector.owns_engine and not db.in_memory(settings.url()):  # its passes hold no GIL against ingest
+        rollups = RollupProcess(settings.url(), db_timeouts(settings), watch=exit_with)
+    else:  # a caller's engine, or a store no other process can open: a thread on that engine
+        rollups = RollupJob(collector.engine)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -32,7 +32,7 @@ import time
 from bisect import bisect_left
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 from sqlalchemy import Connection, Engine, bindparam, case, delete, func, insert, select, text, update
 from sqlalchemy.sql.elements import ColumnElement
@@ -528,13 +528,22 @@ def name_os_thread(name: str) -> None:
         ctypes.CDLL(None).prctl(15, name.encode()[:15], 0, 0, 0)
 
 
-class RollupJob:
-    """The collector's rollup thread: a :func:`fold_pass` every ``interval`` seconds until stopped."""
+class Stop(Protocol):
+    """What stops a job: a ``threading.Event``, or a ``multiprocessing`` one from another process."""
 
-    def __init__(self, engine: Engine, interval: float = INTERVAL_S) -> None:
+    def is_set(self) -> bool: ...
+    def set(self) -> None: ...
+    def wait(self, timeout: float | None = None) -> bool: ...
+
+
+class RollupJob:
+    """The rollup job: a :func:`fold_pass` every ``interval`` seconds until stopped, in a thread of its own
+    (:meth:`start`) or in the calling one (:meth:`run`: :mod:`~inferwatch.collector.stats.rollup_process`)."""
+
+    def __init__(self, engine: Engine, interval: float = INTERVAL_S, stop: Stop | None = None) -> None:
         self.engine = engine
         self.interval = interval
-        self._stop = threading.Event()
+        self._stop: Stop = stop if stop is not None else threading.Event()
         self._thread: threading.Thread | None = None
         self.passes = 0
         self.folded = 0
@@ -542,7 +551,7 @@ class RollupJob:
 
     def start(self) -> None:
         if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="inferwatch-rollups", daemon=True)
+            self._thread = threading.Thread(target=self.run, name="inferwatch-rollups", daemon=True)
             self._thread.start()
 
     def stop(self, timeout: float = 10.0) -> None:
@@ -551,7 +560,12 @@ class RollupJob:
             self._thread.join(timeout)
             self._thread = None
 
-    def _run(self) -> None:
+    @property
+    def running(self) -> bool:
+        return self._thread is not None
+
+    def run(self) -> None:
+        """The passes, in the calling thread, until stopped."""
         name_os_thread(THREAD_NAME)
         while not self._stop.is_set():
             try:

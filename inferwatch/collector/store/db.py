@@ -318,6 +318,12 @@ def _sqlite_in_memory(url: URL) -> bool:
     return url.database in (None, "", ":memory:") or url.query.get("mode") == "memory"
 
 
+def in_memory(url: str | URL) -> bool:
+    """An in-memory SQLite database: one process's alone (no other process can open it)."""
+    parsed = make_url(url)
+    return parsed.get_backend_name() == "sqlite" and _sqlite_in_memory(parsed)
+
+
 def make_engine(url: str | URL, timeouts: DbTimeouts | None = None) -> Engine:
     """An engine for the request store, every wait bounded by ``timeouts`` (default: :class:`DbTimeouts`).
 

@@ -133,6 +133,12 @@ class Sustained:
         the run reached: the table's growth, not ingest, set the pace at the end."""
         return self.end_limit > 0 and self.target * self.end_limit < self.rate
 
+    @property
+    def last_minute(self) -> float | None:
+        """Rows stored per second over the last minute of the sending."""
+        ends = [s for s in self.samples if self.seconds - WINDOW_S <= s.t <= self.seconds]
+        return (ends[-1].newest - ends[0].newest) / (ends[-1].t - ends[0].t) if len(ends) >= 2 else None
+
     def trough(self, lo: float, hi: float) -> int | None:
         window = [s.backlog for s in self.samples if lo <= s.t < hi]
         return min(window) if window else None
@@ -151,9 +157,8 @@ class Sustained:
                 f"the backlog grows: trough {last:,} rows in the last minute, {before:,} in the one before "
                 f"(bound +{bound:,.0f})"
             )
-        ends = [s for s in self.samples if s.t >= self.seconds - WINDOW_S]
-        if len(ends) >= 2:
-            stored_rate = (ends[-1].newest - ends[0].newest) / (ends[-1].t - ends[0].t)
+        stored_rate = self.last_minute
+        if stored_rate is not None:
             floor = self.target * self.end_limit if self.beyond_store else 0.9 * self.rate
             if stored_rate < floor:
                 self.problems.append(
@@ -210,7 +215,8 @@ def describe(name: str, r: Sustained) -> str:
     shown = ", ".join(f"{s.t:.0f}s:{s.backlog:,}" for s in every[::step])
     return (
         f"{name} sustained {r.seconds:.0f} s at {r.rate:,.0f} spans/s: sent {r.sent:,} "
-        f"({r.sent / r.seconds:,.0f}/s); caught up {r.drained_s:.1f} s after the last send; "
+        f"({r.sent / r.seconds:,.0f}/s; stored {r.last_minute or 0:,.0f}/s in the last minute); "
+        f"caught up {r.drained_s:.1f} s after the last send; "
         f"CPU per span all-in {c.total / n * 1e6:.1f} us = collector process {c.main / n * 1e6:.1f} + worker processes "
         f"{c.workers / n * 1e6:.1f} + rollup thread {c.rollups / n * 1e6:.1f}; sender {r.sender_cpu / n * 1e6:.1f} us\n"
         f"  backlog {r.summary()}\n  samples (s:rows) {shown}"

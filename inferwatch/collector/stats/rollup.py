@@ -30,11 +30,12 @@ import sys
 import threading
 import time
 from bisect import bisect_left
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final, Protocol
 
-from sqlalchemy import Connection, Engine, bindparam, case, delete, func, insert, select, text, update
+from sqlalchemy import Connection, Engine, Select, bindparam, case, delete, func, insert, select, text, update
 from sqlalchemy.sql.elements import ColumnElement
 
 from inferwatch.collector.stats import folding, sketch, values
@@ -449,10 +450,7 @@ def _fold(conn: Connection, result: FoldResult, grace: float, budget: float, chu
     read = folded
     while read < target:
         upto = min(target, read + chunk)
-        found = conn.execute(select(*cols).where(t.c.id > read, t.c.id <= upto))
-        rows = found.cursor.fetchall()  # the driver's tuples: making Row objects cost a sixth of a pass
-        found.close()
-        conn.commit()
+        rows = _chunk(conn, select(*cols).where(t.c.id > read, t.c.id <= upto))
         pending.add(rows)
         read = upto
         over = time.monotonic() - started > budget
@@ -480,6 +478,24 @@ def _fold(conn: Connection, result: FoldResult, grace: float, budget: float, chu
             cut = oldest - ROLLUP_RETENTION - timedelta(hours=1)
             conn.execute(delete(ROLLUP_TABLE).where(ROLLUP_TABLE.c.period_start < cut))
             conn.execute(delete(VALUES_TABLE).where(VALUES_TABLE.c.period_start < cut))
+
+
+def _chunk(conn: Connection, statement: Select[Any]) -> Sequence[Sequence[Any]]:
+    """The rows of ``statement`` as the driver's tuples (SQLAlchemy's Row objects cost a sixth of a pass), in a
+    transaction of their own; PostgreSQL's in binary (its text took twice the CPU and 1.5x the time to fetch)."""
+    if conn.dialect.name != "postgresql":
+        found = conn.execute(statement)
+        rows = found.cursor.fetchall()
+        found.close()
+        conn.commit()
+        return rows
+    compiled = statement.compile(dialect=conn.dialect, compile_kwargs={"render_postcompile": True})
+    raw: Any = conn.connection.dbapi_connection  # psycopg's connection
+    with raw.cursor(binary=True) as cur:
+        cur.execute(str(compiled), compiled.params)
+        fetched: list[tuple[Any, ...]] = cur.fetchall()
+    raw.commit()
+    return fetched
 
 
 def _write_pending(conn: Connection, pending: Pending, folded: int, upto: int, now: datetime) -> bool:

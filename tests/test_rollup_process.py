@@ -76,7 +76,7 @@ def test_the_process_ends_with_its_collector(tmp_path: Path) -> None:
         time.sleep(600)
         """
     )
-    parent = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, stdout=subprocess.PIPE)  # noqa: S603
+    parent = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, stdout=subprocess.PIPE)
     try:
         assert parent.stdout is not None
         child = int(parent.stdout.readline())

@@ -365,7 +365,7 @@ def measure(backend: str, tmp: Path, bodies: list[bytes], args: argparse.Namespa
             f"({run.stored / limit:.2f}x); all-in {run.all_in:,.0f} spans/s ({run.all_in / limit:.2f}x: "
             f"folding after the last row stored {run.tail_s:.2f} s, caught up {run.waited_s:.1f} s after it); "
             f"CPU per span all-in {run.per_span(c.total):.1f} us = collector process {run.per_span(c.main):.1f} "
-            f"+ worker processes {run.per_span(c.workers):.1f} + rollup thread {run.per_span(c.rollups):.1f}; "
+            f"+ worker processes {run.per_span(c.workers):.1f} + rollup job {run.per_span(c.rollups):.1f}; "
             f"sender {run.per_span(run.sender_cpu):.1f} us"
         )
     return max(limits), max(runs, key=lambda run: run.all_in)

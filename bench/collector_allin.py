@@ -1,4 +1,4 @@
-"""bench/collector.py's all-in accounting: the CPU of every process (and the rollup thread) involved, the rollup
+"""bench/collector.py's all-in accounting: the CPU of every process (and the rollup job) involved, the rollup
 watermark read from the store, the time the maintenance spent folding after the last row was stored, and the
 checks that every row was stored and folded (the rollups and the value blocks cover every stored row).
 

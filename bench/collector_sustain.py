@@ -218,7 +218,7 @@ def describe(name: str, r: Sustained) -> str:
         f"({r.sent / r.seconds:,.0f}/s; stored {r.last_minute or 0:,.0f}/s in the last minute); "
         f"caught up {r.drained_s:.1f} s after the last send; "
         f"CPU per span all-in {c.total / n * 1e6:.1f} us = collector process {c.main / n * 1e6:.1f} + worker processes "
-        f"{c.workers / n * 1e6:.1f} + rollup thread {c.rollups / n * 1e6:.1f}; sender {r.sender_cpu / n * 1e6:.1f} us\n"
+        f"{c.workers / n * 1e6:.1f} + rollup job {c.rollups / n * 1e6:.1f}; sender {r.sender_cpu / n * 1e6:.1f} us\n"
         f"  backlog {r.summary()}\n  samples (s:rows) {shown}"
         + (
             f"\n  driver's fast path on the store as the run left it ({max(s.newest for s in r.samples):,} rows): "

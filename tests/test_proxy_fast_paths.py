@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from typing import Any
 
+import orjson
 import pytest
 from multidict import CIMultiDict
 
@@ -63,6 +65,30 @@ def test_a_whole_read_is_framed_as_the_same_bytes_one_at_a_time(wire: bytes) -> 
     bytewise, bytewise_error = feed_all(chunked(), [wire[k : k + 1] for k in range(len(wire))])
     assert error == bytewise_error
     if error is None:  # (a read that fails returns nothing: what came before the error, byte by byte, differs)
+        assert whole == bytewise
+
+
+@pytest.mark.parametrize(
+    "wire",
+    [
+        b"5\r\nhello\r\n5\r\nworld\r\n3\r\nabc\r\n",
+        b"5\r\nhello\r\n5;x\r\nworld\r\n",
+        b"5\r\nhello\r\n5\r\nwor",
+        b"5\r\nhello\r\n5\r\nworldXX",
+        b"5\r\nhello\r\nzz\r\nworld\r\n",
+        b"5\r\nhello\r\n\r\nworld\r\n",
+        b"5\r\nhello\r\n0\r\n\r\n",
+        b"5\r\nhello\r\n0\r\n\r\n5\r\nhello\r\n",
+        b"5\r\nhello\r\n6\r\nworld\r\n",
+        b"5\r\nhello\r\n4\r\nworld\r\n",
+        b"5\r\nhello\r\n" + b"1" * 20 + b"\r\n",
+    ],
+)
+def test_several_whole_chunks_in_one_read_are_framed_as_the_same_bytes_one_at_a_time(wire: bytes) -> None:
+    whole, error = feed_all(chunked(), [wire])
+    bytewise, bytewise_error = feed_all(chunked(), [wire[k : k + 1] for k in range(len(wire))])
+    assert error == bytewise_error
+    if error is None:
         assert whole == bytewise
 
 
@@ -123,6 +149,82 @@ def test_openai_events_malformed_or_odd() -> None:
     assert ev({"error": {"message": "m"}}).error == "m"
     assert ev({"error": 3}).error == "error"
     assert ev({"error": None}).error is None
+
+
+ODD_OPENAI_EVENTS: list[object] = [
+    {"id": "c", "choices": [{"index": 0, "text": " tok", "finish_reason": None}]},
+    {"id": "c", "choices": [{"delta": {"role": "assistant", "content": ""}}]},
+    {"id": "c", "choices": [{"delta": {"content": "hi"}, "finish_reason": None}], "usage": None},
+    {"id": "c", "choices": [{"delta": {"tool_calls": [{}]}}]},
+    {"id": "c", "choices": [{"delta": {"reasoning_content": "."}}]},
+    {"id": "c", "choices": [{"delta": "x"}]},
+    {"id": "c", "choices": [{"text": "", "delta": None}]},
+    {"id": "c", "choices": [{"text": "a", "finish_reason": "length"}]},
+    {"id": "c", "choices": [{"text": "a", "finish_reason": 3}]},
+    {"id": "c", "choices": [{"text": "a"}, {"text": "b"}]},
+    {"id": "c", "choices": []},
+    {"id": "c", "choices": ["x"]},
+    {"id": "c", "choices": None},
+    {"id": "c", "choices": [], "usage": {"prompt_tokens": 4, "completion_tokens": 2}},
+    {"id": "c", "choices": [{"text": "a"}], "usage": {}},
+    {"id": "c", "choices": [{"text": "a"}], "usage": {"prompt_tokens": 5, "completion_tokens": 3}},
+    {"id": "c", "choices": [{"text": "a"}], "error": {"message": "m"}},
+    {"id": "c", "choices": [{"text": "a"}], "error": None},
+    {"choices": [{"text": "a"}]},
+    ["not", "an", "object"],
+    "text",
+    None,
+]
+
+
+@pytest.mark.parametrize("obj", ODD_OPENAI_EVENTS)
+def test_the_quick_openai_reader_counts_what_the_full_one_does_or_declines(obj: object) -> None:
+    pieces = A.openai_quick(obj)
+    if pieces < 0:
+        return
+    r = A.openai_event(obj)
+    assert (r.content, r.tokens) == (pieces, pieces)
+    assert (r.finish_reasons, r.prompt_tokens, r.completion_tokens, r.error, r.final) == ([], None, None, None, False)
+
+
+def _state(ex: Exchange, metrics: ClientMetrics) -> tuple[Any, ...]:
+    hists = {spec: {k: (h.counts, h.total) for k, h in series.items()} for spec, series in metrics.histograms.items()}
+    return (
+        ex.contents, ex.tokens, ex.finish_reasons, ex.prompt_tokens, ex.completion_tokens, ex.error,
+        ex.response_id, ex.final, ex.first_content, ex.last_content, ex.complete, hists,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("split", ["whole", "bytewise"])
+def test_an_exchange_reads_a_stream_alike_on_its_short_ways_and_the_long_one(split: str) -> None:
+    """A stream fed read by read with the quick reader (the short ways) and byte by byte without it (the
+    general way only) ends with the same measurement: counts, finish reasons, usage, error, times, metrics."""
+    events = [b"data: " + orjson.dumps(e) + b"\n\n" for e in ODD_OPENAI_EVENTS if isinstance(e, dict)]
+    reads = [
+        b'data: {"id": "c", "choices": [{"text": "first"}]}\n\n',
+        *events,
+        b"data: NaN\n\n",
+        b'data: {"id": "c", "choices": [{"text": "big"}], "n": 123456789012345678901234567890}\n\n',
+        b"".join(events[:3]),
+        b'data: {"id": "c", "choices": [{"text": "crlf"}]}\r\n\r\n',
+        b'event: x\ndata: {"id": "c", "choices": [{"text": "named"}]}\n\n',
+        b'data:{"id": "c", "choices": [{"text": "no space"}]}\n\n',
+        b"data: [DONE]\n\n",
+    ]
+    results = []
+    for quick in (True, False):
+        metrics = ClientMetrics("vllm", V.Vocabulary())
+        ex = Exchange(A.OPENAI_CHAT, A.Ask("m", None, True, 9), "m", None, 0.0, metrics)
+        ex.begin(200, "text/event-stream")
+        if not quick:
+            ex.quick = None
+        for k, read in enumerate(reads):
+            pieces = [read] if quick or split == "whole" else [read[i : i + 1] for i in range(len(read))]
+            for piece in pieces:
+                ex.feed(piece, 1.0 + k)
+        results.append(_state(ex, metrics))
+    assert results[0] == results[1]
+    assert results[0][0] > 10 and results[0][2] == ["length"] and results[0][10]
 
 
 def test_a_streams_gap_series_follows_its_tenant_leaving_the_busiest() -> None:

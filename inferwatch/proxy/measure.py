@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import contextlib
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 import orjson
 
 from inferwatch.core import vocabulary as V
-from inferwatch.proxy.apis import Api, Ask, Reading
+from inferwatch.proxy.apis import Api, Ask, QuickReader, Reading
 from inferwatch.proxy.client_metrics import ClientMetrics, Histogram
 
 MAX_EVENT_BYTES: Final = 1 << 20
@@ -24,6 +25,8 @@ MAX_EVENT_BYTES: Final = 1 << 20
 MAX_BODY_BYTES: Final = 8 << 20
 """A non-streamed response longer than this is passed on without being read."""
 DONE: Final = b"[DONE]"
+NEWLINE: Final = ord("\n")
+OPEN_BRACE: Final = ord("{")
 
 
 class SseReader:
@@ -51,19 +54,13 @@ class SseReader:
             except ValueError:
                 return []
         buf = self.buffer + data if self.buffer else data
+        if b"\r" not in buf:  # engines end events with "\n\n"
+            *events, rest = buf.split(b"\n\n")
+        else:
+            events, rest = _split_crlf(buf)
         out: list[Any] = []
-        start = 0
-        crlf = b"\r" in buf  # engines end events with "\n\n"; look for "\r\n\r\n" only when there is a "\r"
-        while True:
-            end, sep = buf.find(b"\n\n", start), 2
-            if crlf:
-                at = buf.find(b"\r\n\r\n", start)
-                if at >= 0 and (end < 0 or at < end):
-                    end, sep = at, 4
-            if end < 0:
-                break
-            payload = _data(buf[start:end])
-            start = end + sep
+        for event in events:
+            payload = _data(event)
             if payload is None:
                 continue
             if payload == DONE:
@@ -73,11 +70,25 @@ class SseReader:
                 out.append(loads(payload))
             except ValueError:
                 continue
-        rest = buf[start:]
         if len(rest) > MAX_EVENT_BYTES:
             self.broken, rest = True, b""
         self.buffer = rest
         return out
+
+
+def _split_crlf(buf: bytes) -> tuple[list[bytes], bytes]:
+    """The complete events in ``buf``, each ended by ``\\n\\n`` or ``\\r\\n\\r\\n``, and what follows the last."""
+    events: list[bytes] = []
+    start = 0
+    while True:
+        end, sep = buf.find(b"\n\n", start), 2
+        at = buf.find(b"\r\n\r\n", start)
+        if at >= 0 and (end < 0 or at < end):
+            end, sep = at, 4
+        if end < 0:
+            return events, buf[start:]
+        events.append(buf[start:end])
+        start = end + sep
 
 
 def loads(payload: bytes) -> Any:
@@ -137,6 +148,8 @@ class Exchange:
     """the chunk-gap series of this request's labels, taken at the first gap (valid while ``gaps_epoch`` is the
     metrics' epoch: a tenant that leaves the busiest has its series dropped and its next gap counted anew)."""
     gaps_epoch: int = field(default=-1, repr=False)
+    quick: QuickReader | None = field(default=None, repr=False)
+    """the API's short way for the usual event (:data:`~inferwatch.proxy.apis.QuickReader`), set for a stream."""
 
     # -- the response ---------------------------------------------------------------------------------
     def begin(self, status: int, content_type: str) -> None:
@@ -147,33 +160,61 @@ class Exchange:
         if content_type.startswith("text/event-stream"):
             self.streamed = True
             self.sse = SseReader()
+            self.quick = self.api.quick
         elif "json" in content_type:
             self.body = bytearray()
 
     def feed(self, data: bytes, now: float) -> None:
         """Bytes just forwarded to the client at ``now``."""
-        if self.sse is not None:
-            event, take = self.api.event, self.take
-            for obj in self.sse.feed(data):
-                take(event(obj), now)
-        elif self.body is not None:
-            if len(self.body) + len(data) > MAX_BODY_BYTES:
-                self.body = None
-            else:
-                self.body += data
+        sse = self.sse
+        if sse is None:
+            if self.body is not None:
+                if len(self.body) + len(data) > MAX_BODY_BYTES:
+                    self.body = None
+                else:
+                    self.body += data
+            return
+        objs: Iterable[Any]
+        if (
+            not sse.buffer
+            and data.find(b"\n") == len(data) - 2
+            and data[-1] == NEWLINE
+            and data.startswith(b"data: ")
+            and data[6] == OPEN_BRACE
+            and not sse.broken
+        ):  # the usual read, once per chunk: one whole one-line event (as SseReader reads it), a JSON object
+            try:
+                objs = (orjson.loads(data[6:-2]),)
+            except orjson.JSONDecodeError:  # NaN, a huge integer, a lone surrogate...: SseReader reads it
+                objs = sse.feed(data)
+        else:
+            objs = sse.feed(data)
+        quick = self.quick
+        for obj in objs:
+            pieces = quick(obj) if quick is not None and self.response_id is not None else -1
+            if pieces > 0:
+                self.arrived(now)
+                self.contents += pieces
+                self.tokens += pieces
+            elif pieces < 0:
+                self.take(self.api.event(obj), now)
+
+    def arrived(self, now: float) -> None:
+        """Content reached the client at ``now``: the first (time to first token) or the next (a chunk gap)."""
+        if self.first_content is None:
+            self.first_content = now
+            self.metrics.observe(V.CLIENT_TIME_TO_FIRST_TOKEN, self.model, now - self.start, self.tenant_label)
+        elif self.last_content is not None:
+            gaps, epoch = self.gaps, self.metrics.epoch
+            if gaps is None or self.gaps_epoch != epoch:
+                gaps = self.gaps = self.metrics.histogram(V.CLIENT_CHUNK_GAP, self.model, self.tenant_label)
+                self.gaps_epoch = epoch
+            gaps.observe(now - self.last_content)
+        self.last_content = now
 
     def take(self, reading: Reading, now: float) -> None:
         if reading.content and self.streamed:
-            if self.first_content is None:
-                self.first_content = now
-                self.metrics.observe(V.CLIENT_TIME_TO_FIRST_TOKEN, self.model, now - self.start, self.tenant_label)
-            elif self.last_content is not None:
-                gaps, epoch = self.gaps, self.metrics.epoch
-                if gaps is None or self.gaps_epoch != epoch:
-                    gaps = self.gaps = self.metrics.histogram(V.CLIENT_CHUNK_GAP, self.model, self.tenant_label)
-                    self.gaps_epoch = epoch
-                gaps.observe(now - self.last_content)
-            self.last_content = now
+            self.arrived(now)
         self.contents += reading.content
         self.tokens += reading.tokens
         if reading.finish_reasons:

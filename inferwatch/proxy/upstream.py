@@ -132,6 +132,14 @@ class Body:
                     size = 0
                 if size and len(data) == end + size + 4 and data[-2:] == b"\r\n":
                     return data[end + 2 : -2]
+                if size and len(data) > end + size + 4:  # the engine got ahead: a few chunks in one read
+                    whole = _whole_chunks(data)
+                    if whole is not None:
+                        return whole
+        return self._chunks(data)
+
+    def _chunks(self, data: bytes) -> bytes:
+        """:meth:`feed` of a chunked body, any read: chunks split anywhere, extensions, the last chunk, trailers."""
         buf = self.rest + data if self.rest else data
         pos, n = 0, len(buf)
         out: list[bytes] = []
@@ -175,6 +183,27 @@ class Body:
         if len(out) == 1:
             return out[0]
         return b"".join(out)
+
+
+def _whole_chunks(data: bytes) -> bytes | None:
+    """The payload of a read that is whole chunks, ``<hex size>\\r\\n<data>\\r\\n`` each and none the last one, as
+    :meth:`Body.feed`'s loop reads them; ``None`` for any other read (that loop's)."""
+    out: list[bytes] = []
+    pos, n = 0, len(data)
+    while pos < n:
+        end = data.find(b"\r\n", pos, pos + 18)
+        if end <= pos or not data[pos:end].isalnum():
+            return None
+        try:
+            size = int(data[pos:end], 16)
+        except ValueError:  # not hex: the loop says so
+            return None
+        stop = end + 2 + size
+        if not size or data[stop : stop + 2] != b"\r\n":
+            return None
+        out.append(data[end + 2 : stop])
+        pos = stop + 2
+    return b"".join(out)
 
 
 class Upstream(asyncio.Protocol):

@@ -531,7 +531,7 @@ def main() -> int:
     parser.add_argument("--throughput-tokens", type=int, default=50, help="chunks per stream (throughput)")
     parser.add_argument("--duration", type=float, default=10.0, help="seconds per throughput side")
     parser.add_argument("--memory-streams", type=int, default=256)
-    parser.add_argument("--rounds", type=int, default=3, help="rounds per side (the best is judged)")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds per side (the best is judged)")
     parser.add_argument("--proxy-cmd", help="benchmark this command instead ({listen}, {upstream})")
     parser.add_argument("--litellm", help="LiteLLM's litellm executable (its own venv): a side, measured, not judged")
     parser.add_argument(

@@ -14,7 +14,7 @@ from inferwatch.core import vocabulary as V
 from inferwatch.exporters import textparse
 from inferwatch.exporters.engines import EngineRegistry
 from inferwatch.exporters.mapping import EngineSession, TranslateContext, translate_text
-from inferwatch.exporters.render import format_values, render
+from inferwatch.exporters.render import RenderCache, format_values, render
 from inferwatch.exporters.runtime import with_health
 from inferwatch.exporters.samples import HistogramValue, Snapshot, merge_snapshots
 from tests.conftest import ENGINE_FIXTURES, fixture_dirs
@@ -31,8 +31,8 @@ def text_cases() -> list[tuple[Path, str]]:
     return cases
 
 
-def _render(snap: Snapshot, ctx: TranslateContext) -> str:
-    return render(with_health(snap, "t", ctx.engine, {}, 0.0), ctx.vocabulary)
+def _render(snap: Snapshot, ctx: TranslateContext, cache: RenderCache | None = None) -> str:
+    return render(with_health(snap, "t", ctx.engine, {}, 0.0), ctx.vocabulary, cache=cache)
 
 
 def _reference(session: EngineSession, text: str, ctx: TranslateContext) -> str:
@@ -52,6 +52,7 @@ def test_one_session_renders_every_page_as_a_fresh_translation(engine: str, regi
         pytest.skip(f"{engine} has no text payload")
     vocab = V.Vocabulary()
     sessions: dict[Path, EngineSession] = {}
+    cache = RenderCache()  # one for all pages: layouts change, repeat and are kept
     checked = 0
     # twice over, and each page also with other values: shapes change, repeat and keep their plans
     for _ in range(2):
@@ -63,7 +64,8 @@ def test_one_session_renders_every_page_as_a_fresh_translation(engine: str, regi
             page = (directory / payload).read_text()
             for text in (page, scaled(page, 3.0), page):
                 fresh = fixture_session(meta, adapter)
-                assert _render(session.translate(text, ctx), ctx) == _reference(fresh, text, ctx), (directory, payload)
+                got = _render(session.translate(text, ctx), ctx, cache)
+                assert got == _reference(fresh, text, ctx), (directory, payload)
                 checked += 1
     assert checked == 6 * len(cases)
 

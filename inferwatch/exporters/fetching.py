@@ -26,6 +26,7 @@ exporter reaches and Prometheus does not; it fails the scrape with reason ``redi
 from __future__ import annotations
 
 import contextlib
+import functools
 import heapq
 import itertools
 import select
@@ -53,6 +54,8 @@ DEFAULT_REDIRECT_POLICY: Final[RedirectPolicy] = "same-origin"
 _DEFAULT_PORTS: Final = {"http": 80, "https": 443}
 ACCEPT_ENCODING = "gzip"
 """what the exporter asks for; an engine that answers ``deflate`` or ``identity`` is read too."""
+_KEEP_HEADERS: Final = {"Accept-Encoding": ACCEPT_ENCODING}
+_CLOSE_HEADERS: Final = {"Accept-Encoding": ACCEPT_ENCODING, "Connection": "close"}
 REDIRECT_STATUSES: Final = frozenset({301, 302, 303, 307, 308})
 """statuses whose ``Location`` httpx follows (and so does the plain path)."""
 
@@ -127,6 +130,10 @@ class _Inflate:
 
     def flush(self) -> bytes:
         return self._z.flush() if self._z is not None else b""
+
+
+_IDENTITY = _Inflate("")
+"""the decoder of a body without content coding (it keeps no state: one serves every body)."""
 
 
 def _socket_of(response: httpx.Response) -> socket.socket | None:
@@ -236,10 +243,11 @@ class EngineRequest:
             V.SCRAPE_ERROR_TIMEOUT,
         )
 
-    def _check(self, what: str) -> float:
+    def _check(self, url: str) -> float:
+        """The seconds left before fetching ``url``; a timeout error when none are."""
         remaining = self.deadline.remaining()
         if self.aborted or remaining <= 0:
-            raise self._timeout_error(what)
+            raise self._timeout_error(f"before fetching {url}")
         return remaining
 
     # -- the Fetch interface sessions use -----------------------------------------------------
@@ -263,7 +271,7 @@ class EngineRequest:
     def _get(self, url: str, allow_404: bool, budget: float | None) -> str:
         plain = _plain_http_ok(self.client)
         for _ in range(MAX_REDIRECTS + 1):
-            remaining = self._check(f"before fetching {url}")
+            remaining = self._check(url)
             if budget is not None:
                 remaining = min(remaining, budget)
             if plain and url.startswith("http://") and "@" not in urlsplit(url).netloc:
@@ -309,23 +317,18 @@ class EngineRequest:
     def _get_plain(self, url: str, allow_404: bool, remaining: float) -> tuple[str, str | None]:
         """One plain-HTTP request (:mod:`inferwatch.exporters.wire`): the body, or the ``Location`` of a
         redirect."""
-        parts = urlsplit(url)
-        target = parts.path or "/"
-        if parts.query:
-            target += "?" + parts.query
         try:
-            host, port = parts.hostname or "", parts.port or 80
+            host, port, target = _plain_parts(url)
         except ValueError as exc:  # a bad port
             raise ScrapeError(f"cannot fetch {url}: {exc}", V.SCRAPE_ERROR_UNREACHABLE) from None
         kept = self.connections.take(host, port) if self.connections is not None else None
-        for conn in (kept, wire.Connection(host, port)):
-            if conn is None:
-                continue
+        if kept is not None:
             try:
-                return self._exchange(conn, url, target, allow_404, remaining)
+                return self._exchange(kept, url, target, allow_404, remaining)
             except wire.Stale:  # on a kept connection: the engine closed it as the request went out
-                if conn is not kept:
-                    break
+                pass
+        with contextlib.suppress(wire.Stale):
+            return self._exchange(wire.Connection(host, port), url, target, allow_404, remaining)
         raise ScrapeError(f"cannot fetch {url}: the connection closed unanswered", V.SCRAPE_ERROR_UNREACHABLE)
 
     def _exchange(
@@ -342,10 +345,7 @@ class EngineRequest:
                 else:
                     sock.settimeout(remaining)
                 self._track(sock, True)
-                headers = {"Accept-Encoding": ACCEPT_ENCODING}
-                if self.connections is None:
-                    headers["Connection"] = "close"
-                answer = conn.request(target, headers)
+                answer = conn.request(target, _KEEP_HEADERS if self.connections is not None else _CLOSE_HEADERS)
             except TimeoutError:
                 raise self._timeout_error(f"waiting for {url}") from None
             except wire.Stale:
@@ -381,7 +381,7 @@ class EngineRequest:
             answer.chunks(),
             answer.header("content-encoding"),
             answer.length,
-            _charset(answer.header("content-type")),
+            _charset(answer.header("content-type")) if "content-type" in answer.headers else None,
             url,
             until,
             failures=(wire.WireError, OSError),
@@ -430,7 +430,8 @@ class EngineRequest:
         and the body limit; ``failures`` are that client's read errors, ``cut`` those that mean the
         body ended early, ``timeouts`` those that mean its own timeout."""
         limit = self.limits.max_body_bytes
-        decoder = _Inflate(coding.strip().lower())
+        coding = coding.strip().lower() if coding else ""
+        decoder = _IDENTITY if coding in ("", "identity") else _Inflate(coding)
         if decoder.identity and length is not None and length > limit:
             raise self._too_large(url)
         try:
@@ -477,6 +478,18 @@ class EngineRequest:
         )
 
 
+@functools.lru_cache(maxsize=1024)
+def _plain_parts(url: str) -> tuple[str, int, str]:
+    """(host, port, request target) of a plain-HTTP URL, worked out once per URL (a target asks the same
+    few, scrape after scrape); ValueError for a bad port."""
+    parts = urlsplit(url)
+    target = parts.path or "/"
+    if parts.query:
+        target += "?" + parts.query
+    return parts.hostname or "", parts.port or 80, target
+
+
+@functools.lru_cache(maxsize=64)
 def _charset(content_type: str) -> str | None:
     """The ``charset`` parameter of a Content-Type (what email's header parser would find, at a
     fraction of its cost), or None."""
@@ -502,14 +515,16 @@ class Watchdog:
 
     def __init__(self) -> None:
         self._clock = time.monotonic
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        """on :attr:`_lock`: :meth:`watch` takes the plain lock (a Condition's ``with`` is Python code)."""
         self._heap: list[tuple[float, int, EngineRequest]] = []
         self._seq = itertools.count()
         self._thread: threading.Thread | None = None
         self._stopped = False
 
     def watch(self, request: EngineRequest) -> EngineRequest:
-        with self._cond:
+        with self._lock:
             heapq.heappush(self._heap, (request.deadline.at, next(self._seq), request))
             if self._thread is None and not self._stopped:
                 self._thread = threading.Thread(target=self._run, name="scrape-watchdog", daemon=True)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import socket
+import struct
 import threading
 import time
 from collections.abc import Callable
@@ -67,7 +68,9 @@ class HttpServer:
         self.handler = handler
         self.server_name = server_name
         self._lock = threading.Lock()
-        self._idle: set[socket.socket] = set()
+        self._conns: set[socket.socket] = set()
+        """the connections open (registered once each, not per request)."""
+        self._heads: dict[tuple[int, str, bool], tuple[bytes, bytes]] = {}
         self._open = 0
         self._stopping = False
 
@@ -86,9 +89,13 @@ class HttpServer:
                 time.sleep(0.01)  # EMFILE and the like: do not spin
                 continue
             with self._lock:
+                if self._stopping:
+                    conn.close()
+                    return
                 full = self._open >= MAX_CONNECTIONS
                 if not full:
                     self._open += 1
+                    self._conns.add(conn)
             if full:
                 self._refuse(conn)
                 continue
@@ -97,15 +104,19 @@ class HttpServer:
             threading.Thread(target=self._connection, args=(conn,), name="exporter-conn", daemon=True).start()
 
     def shutdown(self) -> None:
-        """Stop accepting, and close the idle connections; requests being served finish."""
+        """Stop accepting, and close the idle connections; requests being served finish.
+
+        Every open connection is shut for reading: an idle one's read returns at once (its thread
+        closes it), one being served writes its answer (with ``Connection: close``) and ends. No
+        connection registers itself per request for this."""
         with self._lock:
             self._stopping = True
-            idle = list(self._idle)
+            conns = list(self._conns)
         with contextlib.suppress(OSError):
             self.socket.shutdown(socket.SHUT_RDWR)  # wakes a blocked accept()
-        for conn in idle:
+        for conn in conns:
             with contextlib.suppress(OSError):
-                conn.shutdown(socket.SHUT_RDWR)
+                conn.shutdown(socket.SHUT_RD)
 
     def server_close(self) -> None:
         self.socket.close()
@@ -118,17 +129,16 @@ class HttpServer:
     # -- one connection -----------------------------------------------------------------------------
     def _connection(self, conn: socket.socket) -> None:
         try:
+            # blocking, the idle timeout kept by the kernel: a read is one system call (a Python
+            # timeout polls before each read, and switching timeouts costs one each time)
+            conn.settimeout(None)
+            try:
+                _receive_timeout(conn, IDLE_TIMEOUT_SECONDS)
+            except OSError:  # a platform without it: Python's own timeout (a poll before each read)
+                conn.settimeout(IDLE_TIMEOUT_SECONDS)
             buffered = b""
-            while True:
-                with self._lock:
-                    if self._stopping:
-                        return
-                    self._idle.add(conn)
-                try:
-                    head, buffered = self._read_head(conn, buffered)
-                finally:
-                    with self._lock:
-                        self._idle.discard(conn)
+            while not self._stopping:
+                head, buffered = self._read_head(conn, buffered)
                 if head is None:
                     return
                 try:
@@ -140,9 +150,8 @@ class HttpServer:
                     return
                 status, ctype, body = self._answer(path, conn)
                 keep = keep and not self._stopping
-                conn.settimeout(WRITE_TIMEOUT_SECONDS)
                 out = self._head(status, ctype, len(body), close=not keep)
-                conn.sendall(out if method == "HEAD" else out + body)
+                _send(conn, out, b"" if method == "HEAD" else body)
                 if not keep:
                     return
         except OSError:
@@ -150,6 +159,7 @@ class HttpServer:
         finally:
             with self._lock:
                 self._open -= 1
+                self._conns.discard(conn)
             with contextlib.suppress(OSError):
                 conn.close()
 
@@ -163,10 +173,11 @@ class HttpServer:
     @staticmethod
     def _read_head(conn: socket.socket, buffered: bytes) -> tuple[bytes | None, bytes]:
         """The next request's head (``None`` when the client closed or stayed idle too long), and
-        the bytes after it."""
-        conn.settimeout(IDLE_TIMEOUT_SECONDS)
+        the bytes after it. ``conn`` is blocking with the idle timeout as its receive timeout; a head
+        that does not come in one read gets the head timeout instead, until it is whole."""
         data = buffered
         deadline = time.monotonic() + HEAD_TIMEOUT_SECONDS if data else None
+        shortened = False
         while (end := data.find(b"\r\n\r\n")) < 0:
             if len(data) > MAX_HEAD_BYTES:
                 return None, b""
@@ -174,10 +185,11 @@ class HttpServer:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return None, b""
-                conn.settimeout(left)
+                _receive_timeout(conn, left)
+                shortened = True
             try:
                 chunk = conn.recv(65536)
-            except TimeoutError:
+            except (TimeoutError, BlockingIOError):  # the kernel's receive timeout passed
                 return None, b""
             if not chunk:
                 return None, b""
@@ -186,24 +198,59 @@ class HttpServer:
             data += chunk
         if end > MAX_HEAD_BYTES:
             return None, b""
+        if shortened:
+            _receive_timeout(conn, IDLE_TIMEOUT_SECONDS)
         return data[:end], data[end + 4 :]
 
     def _head(self, status: int, ctype: str, length: int, close: bool) -> bytes:
+        """An answer's status line and headers (made once per status, type and close, then only the
+        length is written in)."""
+        parts = self._heads.get((status, ctype, close))
+        if parts is None:
+            parts = self._heads[(status, ctype, close)] = self._head_parts(status, ctype, close)
+        return parts[0] + str(length).encode() + parts[1]
+
+    def _head_parts(self, status: int, ctype: str, close: bool) -> tuple[bytes, bytes]:
         try:
             phrase = HTTPStatus(status).phrase
         except ValueError:
             phrase = ""
-        lines = [
-            f"HTTP/1.1 {status} {phrase}",
-            f"Server: {self.server_name}",
-            f"Content-Type: {ctype}",
-            f"Content-Length: {length}",
-        ]
+        lines = [f"HTTP/1.1 {status} {phrase}", f"Server: {self.server_name}", f"Content-Type: {ctype}"]
+        after = [""]
         if status == 405:
-            lines.append("Allow: GET, HEAD")
+            after.append("Allow: GET, HEAD")
         if close:
-            lines.append("Connection: close")
-        return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+            after.append("Connection: close")
+        before = "\r\n".join(lines) + "\r\nContent-Length: "
+        return before.encode("latin-1"), ("\r\n".join(after) + "\r\n\r\n").encode("latin-1")
+
+
+_DONTWAIT: int = getattr(socket, "MSG_DONTWAIT", 0)
+_GATHER = bool(_DONTWAIT) and hasattr(socket.socket, "sendmsg")
+"""whether an answer's head and body go out in one non-blocking call (POSIX)."""
+
+
+def _receive_timeout(conn: socket.socket, seconds: float) -> None:
+    """Set ``conn``'s receive timeout in the kernel (a blocking read then fails with EAGAIN)."""
+    whole = int(seconds)
+    micros = max(1, int((seconds - whole) * 1e6)) if whole == 0 else int((seconds - whole) * 1e6)
+    conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("@ll", whole, micros))
+
+
+def _send(conn: socket.socket, head: bytes, body: bytes) -> None:
+    """Send ``head`` and ``body`` whole: in one call, neither copied, when the kernel takes them at once
+    (an answer mostly fits its buffer), else the rest within :data:`WRITE_TIMEOUT_SECONDS`."""
+    sent = 0
+    if _GATHER:
+        with contextlib.suppress(BlockingIOError):
+            sent = conn.sendmsg((head, body), (), _DONTWAIT)
+        if sent == len(head) + len(body):
+            return
+    conn.settimeout(WRITE_TIMEOUT_SECONDS)
+    try:
+        conn.sendall(memoryview(head + body)[sent:])
+    finally:
+        conn.settimeout(None)
 
 
 def _parse(head: bytes) -> tuple[str, str, bool]:
@@ -215,7 +262,10 @@ def _parse(head: bytes) -> tuple[str, str, bool]:
     method = parts[0].decode("latin-1")
     target = parts[1].decode("latin-1")
     keep = parts[2] == b"HTTP/1.1"
-    for line in lines[1:]:
+    lower = head.lower()
+    # a scraper's head names none of the headers read below: they are looked for only when present
+    headers = lines[1:] if b"connection" in lower or b"content-length" in lower or b"transfer-encoding" in lower else ()
+    for line in headers:
         name, _, value = line.partition(b":")
         key = name.strip().lower()
         if key == b"connection":

@@ -10,19 +10,26 @@ Prometheus text. Generic code (the runtime, the CLI) sees only this interface, n
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, ClassVar, Protocol, Self
+from typing import ClassVar, Protocol, Self
 
 from pydantic import BaseModel, ConfigDict, JsonValue
 
 from inferwatch.core import vocabulary as V
 from inferwatch.exporters import textparse
-from inferwatch.exporters.memo import TranslateMemo, bucket_le, histogram_plan, norm
+from inferwatch.exporters.memo import (
+    TranslateMemo,
+    bucket_series,
+    by_histogram_plan,
+    by_keys,
+    by_sum_plan,
+    norm,
+    rows_present,
+)
 from inferwatch.exporters.samples import HistogramValue, SeriesKey, Snapshot, rebucket, series_key
-from inferwatch.exporters.textparse import Labels, NonFiniteSample, ParsedText
+from inferwatch.exporters.textparse import Labels, ParsedText
 
 
 @dataclass(frozen=True)
@@ -81,6 +88,9 @@ class TranslateContext:
     model_override: str | None = None
     extra_labels: Mapping[str, str] = field(default_factory=dict)
     facts: EngineFacts = field(default_factory=EngineFacts)
+    memo: TranslateMemo | None = field(default=None, compare=False, repr=False)
+    """the target's memo while a translation with one runs (set by :func:`translate_parsed`): a hook
+    passes it to :func:`translate_rows`, with a ``tag`` for a filter."""
 
     def model_for(self, source_model: str | None) -> str:
         if self.model_override:
@@ -278,6 +288,26 @@ def _candidates(adapter: EngineAdapter, source: str) -> list[str]:
     return out
 
 
+def _row_names(adapter: EngineAdapter, row: Row, memo: TranslateMemo | None) -> list[str]:
+    """``row``'s source names with their aliases, in order of preference (kept by ``memo``)."""
+    if memo is not None and (names := memo.names.get(id(row))) is not None:
+        return names
+    names = [c for s in row.sources for c in _candidates(adapter, s)]
+    if memo is not None:
+        memo.names[id(row)] = names
+    return names
+
+
+def _present(adapter: EngineAdapter, row: Row, parsed: ParsedText, memo: TranslateMemo) -> bool:
+    """Whether ``row`` would read any sample of ``parsed``."""
+    if row.metric.kind is V.Kind.HISTOGRAM and row.sum_only:
+        return all(parsed.samples.get(name) for name in row.sources)
+    names = _row_names(adapter, row, memo)
+    if row.metric.kind is V.Kind.HISTOGRAM:
+        return any(_first_present(parsed, names, suffix) is not None for suffix in ("_bucket", "_count"))
+    return _first_present(parsed, names) is not None
+
+
 def _map_labels(row: Row, labels: Labels) -> dict[str, str] | None:
     src = dict(labels)
     for k, v in row.match.items():
@@ -298,7 +328,6 @@ def _map_labels(row: Row, labels: Labels) -> dict[str, str] | None:
 
 
 Accept = Callable[[Labels], bool]
-_MISSING: Any = object()
 
 
 def translate_rows(
@@ -309,23 +338,33 @@ def translate_rows(
     snap: Snapshot,
     accept: Accept | None = None,
     memo: TranslateMemo | None = None,
+    tag: Hashable = None,
 ) -> None:
     """Apply ``rows`` to ``parsed`` into ``snap``; ``accept`` filters source label sets; ``memo`` (a
-    target's, for ``ctx``: see :meth:`TranslateMemo.use`) saves the work that repeats between payloads."""
+    target's, for ``ctx``: see :meth:`TranslateMemo.use`) saves the work that repeats between payloads.
+    With ``accept``, the memo is used only with a ``tag`` that stands for the filter: two calls with
+    the same tag must accept the same label sets (a hook's filter made from the page gives the set
+    it was made from)."""
     vocab = ctx.vocabulary
-    if accept is not None:
+    if accept is not None and tag is None:
         memo = None  # a filter is the caller's: what it keeps is not the row's alone
+    elif memo is not None and accept is not None and len(memo.keys) > MAX_TAGGED_SLOTS:
+        memo.forget_slots()  # tags that do not repeat: keep the memo bounded
+    if memo is not None and type(rows) is tuple:
+        rows = rows_present(memo, rows, parsed, lambda row: _present(adapter, row, parsed, memo))
     for row in rows:
+        slot: Hashable = id(row) if accept is None else (id(row), tag)
         if row.metric.kind is V.Kind.HISTOGRAM:
-            _translate_histogram(adapter, row, parsed, ctx, snap, vocab, accept, memo)
+            _translate_histogram(adapter, row, parsed, ctx, snap, vocab, accept, memo, slot)
             continue
-        names = [c for s in row.sources for c in _candidates(adapter, s)]
+        names = _row_names(adapter, row, memo)
         name = _first_present(parsed, names)
         if name is None:
             continue
         _note(snap, row)
         if memo is not None:
-            _translate_values(row, parsed.samples[name], ctx, snap, memo.keys.setdefault(id(row), {}))
+            key_of = lambda labels, row=row: _key_of(row, labels, ctx, accept)  # noqa: E731
+            by_keys(memo, slot, parsed.samples[name], (row.metric, row.divisor), snap, key_of)
             continue
         for labels, value in parsed.samples[name]:
             if accept is not None and not accept(labels):
@@ -336,24 +375,8 @@ def translate_rows(
             snap.add_value(row.metric, ctx.key(mapped), value / row.divisor)
 
 
-def _translate_values(
-    row: Row,
-    samples: list[tuple[Labels, float]],
-    ctx: TranslateContext,
-    snap: Snapshot,
-    keys: dict[Labels, SeriesKey | None],
-) -> None:
-    """A counter or gauge row with each label set's canonical key looked up in ``keys`` (filled here)."""
-    metric, divisor, add = row.metric, row.divisor, snap.add_value
-    if len(keys) > 2 * len(samples) + 1024:  # label sets that do not repeat: keep the memo bounded
-        keys.clear()
-    for labels, value in samples:
-        key = keys.get(labels, _MISSING)
-        if key is _MISSING:
-            mapped = _map_labels(row, labels)
-            key = keys[labels] = None if mapped is None else ctx.key(mapped)
-        if key is not None:
-            add(metric, key, value / divisor)
+MAX_TAGGED_SLOTS = 4096
+"""most rows x filter tags whose series keys a memo keeps (filters made from pages that keep changing)."""
 
 
 def _note(snap: Snapshot, row: Row) -> None:
@@ -371,8 +394,9 @@ def translate_parsed(
     memo: TranslateMemo | None = None,
 ) -> Snapshot:
     """Apply ``adapter``'s rows and hook, then ``extend`` (a session's), to a parsed payload."""
-    check_finite_samples(adapter, parsed)
+    textparse.check_finite(parsed, adapter.strict_samples)
     snap = Snapshot()
+    ctx.memo = memo
     if memo is not None:
         facts = ctx.facts
         memo.use((ctx.engine, ctx.model_override, facts.model, tuple(ctx.extra_labels.items()), ctx.vocabulary))
@@ -393,22 +417,6 @@ def translate_parsed(
     return snap
 
 
-def check_finite_samples(adapter: EngineAdapter, parsed: ParsedText) -> None:
-    """Raise :class:`~inferwatch.exporters.textparse.NonFiniteSample` when a sample feeding a canonical
-    counter or histogram is NaN or infinite. Such a value is garbage (a counter counts events), and it
-    cannot be dropped alone: where several series sum into one canonical series, serving the sum
-    without it would look like a counter reset. Gauges may be NaN (the format allows it)."""
-    samples = parsed.samples
-    for name in adapter.strict_samples:
-        got = samples.get(name)
-        if not got or math.isfinite(sum([v for _, v in got])):
-            continue
-        for labels, v in got:
-            if not math.isfinite(v):
-                shown = ",".join(f'{k}="{val}"' for k, val in labels)
-                raise NonFiniteSample(f"{name}{{{shown}}} is {v!r}; a counter or histogram sample must be finite")
-
-
 def _translate_histogram(
     adapter: EngineAdapter,
     row: Row,
@@ -418,6 +426,7 @@ def _translate_histogram(
     vocab: V.Vocabulary,
     accept: Accept | None,
     memo: TranslateMemo | None = None,
+    slot: Hashable = None,
 ) -> None:
     if memo is None:
         bounds = vocab.buckets(row.metric)
@@ -426,16 +435,19 @@ def _translate_histogram(
     else:
         bounds = memo.bounds[id(row)] = vocab.buckets(row.metric)
     if row.sum_only:
-        _translate_sum_only(row, parsed, ctx, snap, bounds, accept)
+        if memo is None:
+            _translate_sum_only(row, parsed, ctx, snap, bounds, accept)
+        else:
+            _planned_sum_only(row, parsed, ctx, snap, bounds, accept, memo, slot)
         return
-    names = [c for s in row.sources for c in _candidates(adapter, s)]
+    names = _row_names(adapter, row, memo)
     base = _first_present(parsed, names, "_bucket") or _first_present(parsed, names, "_count")
     if base is None:
         return
     _note(snap, row)
-    if memo is not None and _planned(row, parsed, ctx, snap, base, bounds, memo):
+    if memo is not None and _planned(row, parsed, ctx, snap, base, bounds, memo, accept, slot):
         return
-    series, inf_counts = _bucket_series(parsed, base, row.divisor)
+    series, inf_counts = bucket_series(parsed, base, row.divisor)
     sums = {norm(lbl): v for lbl, v in parsed.samples.get(base + "_sum", ())}
     counts = {norm(lbl): v for lbl, v in parsed.samples.get(base + "_count", ())}
     for key in counts.keys() - series.keys():
@@ -465,37 +477,24 @@ def _planned(
     base: str,
     bounds: tuple[float, ...],
     memo: TranslateMemo,
+    accept: Accept | None = None,
+    slot: Hashable = None,
 ) -> bool:
-    """Translate a histogram row by its plan (made now when its samples' label sets changed); False when
-    no plan can stand for the translation (a series gives one boundary twice, e.g. ``1`` and ``1.0``)."""
+    """Translate a histogram row by its plan (:func:`~inferwatch.exporters.memo.by_histogram_plan`)."""
     samples = parsed.samples
-    buckets = samples.get(base + "_bucket", [])
-    counts = samples.get(base + "_count", [])
-    sums = samples.get(base + "_sum", [])
-    shape = (base, [lbl for lbl, _ in buckets], [lbl for lbl, _ in counts], [lbl for lbl, _ in sums])
-    known = memo.histograms.get(id(row))
-    if known is not None and known[0] == shape:
-        plan = known[1]
-    else:
-        made = histogram_plan(shape, bounds, row.divisor, lambda labels: _key_of(row, labels, ctx))
-        if made is None:
-            return False
-        plan = made
-        memo.histograms[id(row)] = (shape, plan)
-    values = [v for _, v in buckets]
-    values += [v for _, v in counts]
-    values += [v for _, v in sums]
-    values.append(0.0)
-    metric, divisor = row.metric, row.divisor
-    for key, positions, exact, inf, total in plan:
-        if not exact:
-            snap.inexact.add(metric)
-        canon = None if positions is None else [values[i] for i in positions]
-        snap.add_histogram(metric, key, HistogramValue(bounds, canon, values[inf], values[total] / divisor))
-    return True
+    return by_histogram_plan(
+        memo,
+        id(row) if slot is None else slot,
+        (base, samples.get(base + "_bucket", []), samples.get(base + "_count", []), samples.get(base + "_sum", [])),
+        (row.metric, bounds, row.divisor),
+        snap,
+        lambda labels: _key_of(row, labels, ctx, accept),
+    )
 
 
-def _key_of(row: Row, labels: Labels, ctx: TranslateContext) -> SeriesKey | None:
+def _key_of(row: Row, labels: Labels, ctx: TranslateContext, accept: Accept | None = None) -> SeriesKey | None:
+    if accept is not None and not accept(labels):
+        return None
     mapped = _map_labels(row, labels)
     return None if mapped is None else ctx.key(mapped)
 
@@ -527,23 +526,23 @@ def _translate_sum_only(
     _note(snap, row)
 
 
-_BucketSeries = dict[Labels, tuple[Labels, list[tuple[float, float]]]]
-"""sorted labels without ``le`` -> (those labels as the source ordered them, [(finite le, cumulative count)])."""
-
-
-def _bucket_series(parsed: ParsedText, base: str, divisor: float) -> tuple[_BucketSeries, dict[Labels, float]]:
-    """The ``<base>_bucket`` samples by series: finite buckets (``le`` in canonical units), ``+Inf`` counts."""
-    le_cache: dict[str, float] = {}
-    series: _BucketSeries = {}
-    inf_counts: dict[Labels, float] = {}
-    for labels, value in parsed.samples.get(base + "_bucket", ()):
-        le, rest, key = bucket_le(labels, base, divisor, le_cache)
-        if le == float("inf"):
-            inf_counts[key] = value
-            series.setdefault(key, (tuple(rest), []))
-        else:
-            series.setdefault(key, (tuple(rest), []))[1].append((le, value))
-    return series, inf_counts
+def _planned_sum_only(
+    row: Row,
+    parsed: ParsedText,
+    ctx: TranslateContext,
+    snap: Snapshot,
+    bounds: tuple[float, ...],
+    accept: Accept | None,
+    memo: TranslateMemo,
+    slot: Hashable,
+) -> None:
+    """:func:`_translate_sum_only` by a plan (:func:`~inferwatch.exporters.memo.by_sum_plan`)."""
+    sum_samples = parsed.samples.get(row.sources[0])
+    count_samples = parsed.samples.get(row.sources[1])
+    if sum_samples and count_samples:
+        key_of = lambda labels: _key_of(row, labels, ctx, accept)  # noqa: E731
+        by_sum_plan(memo, slot, sum_samples, count_samples, (row.metric, bounds, row.divisor), snap, key_of)
+        _note(snap, row)
 
 
 def _account_unmapped(adapter: EngineAdapter, parsed: ParsedText, snap: Snapshot) -> None:

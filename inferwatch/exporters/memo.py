@@ -11,11 +11,13 @@ translation gives the same snapshot, value for value (``tests/test_exporter_memo
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
+from typing import Any, TypeVar, cast
 
+from inferwatch.core import vocabulary as V
 from inferwatch.exporters import textparse
-from inferwatch.exporters.samples import SeriesKey, rebucket
-from inferwatch.exporters.textparse import Labels, ParseError
+from inferwatch.exporters.samples import HistogramValue, SeriesKey, Snapshot, rebucket
+from inferwatch.exporters.textparse import Labels, ParsedText, ParseError
 
 Plan = list[tuple[SeriesKey, list[int] | None, bool, int, int]]
 """a histogram row's plan: per canonical series, in the order the translation adds them, its key, the
@@ -24,20 +26,33 @@ positions of its ``+Inf`` count and of its sum. Positions index the row's bucket
 laid end to end, then a 0.0."""
 Shape = tuple[str, list[Labels], list[Labels], list[Labels]]
 """what a plan stands for: the histogram's base name, and its bucket, count and sum samples' label sets."""
+Samples = list[tuple[Labels, float]]
+T = TypeVar("T")
+SumShape = tuple[list[Labels], list[Labels]]
+SumPlan = list[tuple[SeriesKey, int, int]]
 
 
 class TranslateMemo:
     """A target's memo (see the module docstring). Keys depend on the translation's context (the
     target's labels, model and vocabulary): :meth:`use` empties the memo when that changes."""
 
-    __slots__ = ("bounds", "context", "histograms", "keys", "lines", "texts", "unmapped")
+    __slots__ = ("bounds", "context", "histograms", "keys", "lines", "names", "present", "sums", "texts", "unmapped")
 
     def __init__(self) -> None:
         self.lines = textparse.LineCache()
-        self.keys: dict[int, dict[Labels, SeriesKey | None]] = {}
-        """id of a mapping row -> its source label sets -> canonical key (``None``: the row drops them)."""
-        self.histograms: dict[int, tuple[Shape, Plan]] = {}
-        """id of a histogram row -> the shape its plan stands for, and the plan."""
+        self.keys: dict[Hashable, dict[Labels, SeriesKey | None]] = {}
+        """a mapping row's *slot* (its id; with a filter, its id and the filter's tag) -> its source label
+        sets -> canonical key (``None``: the row or the filter drops them)."""
+        self.histograms: dict[Hashable, tuple[Shape, Plan]] = {}
+        """a histogram row's slot -> the shape its plan stands for, and the plan."""
+        self.sums: dict[Hashable, tuple[SumShape, SumPlan]] = {}
+        """a sum-only histogram row's slot -> its sum and count samples' label sets, and per series
+        its key and where its sum and count are among them."""
+        self.names: dict[int, list[str]] = {}
+        """id of a mapping row -> its source names with their aliases (they depend on the engine only)."""
+        self.present: dict[tuple[int, tuple[str, ...]], tuple[Any, list[Any]]] = {}
+        """(id of a tuple of mapping rows, the names a page has samples of) -> that tuple, and those of
+        its rows that read any."""
         self.bounds: dict[int, tuple[float, ...]] = {}
         """id of a histogram row -> the vocabulary's boundaries for its metric."""
         self.texts: dict[SeriesKey, str] = {}
@@ -50,10 +65,15 @@ class TranslateMemo:
         """Forget keys and plans when ``context`` (what series keys are made from) is not the last one."""
         if context != self.context:
             self.context = context
-            self.keys.clear()
-            self.histograms.clear()
+            self.forget_slots()
             self.bounds.clear()
             self.texts.clear()
+
+    def forget_slots(self) -> None:
+        """Forget every row's keys and plans."""
+        self.keys.clear()
+        self.histograms.clear()
+        self.sums.clear()
 
 
 def histogram_plan(
@@ -99,6 +119,117 @@ def histogram_plan(
     return plan
 
 
+def by_keys(
+    memo: TranslateMemo,
+    slot: Hashable,
+    samples: Samples,
+    metric: tuple[V.MetricSpec, float],
+    snap: Snapshot,
+    key_of: Callable[[Labels], SeriesKey | None],
+) -> None:
+    """Add a counter or gauge row's samples to ``snap``, each label set's canonical key looked up in the
+    memo's keys at ``slot`` (``key_of`` fills them: ``None`` for a label set the row drops)."""
+    keys = memo.keys.get(slot)
+    if keys is None or len(keys) > 2 * len(samples) + 1024:  # label sets that do not repeat: bounded
+        keys = memo.keys[slot] = {}
+    spec, divisor = metric
+    add = snap.add_value
+    for labels, value in samples:
+        key = keys.get(labels, _MISSING)
+        if key is _MISSING:
+            key = keys[labels] = key_of(labels)
+        if key is not None:
+            add(spec, key, value / divisor)
+
+
+_MISSING: Any = object()
+
+
+def by_histogram_plan(
+    memo: TranslateMemo,
+    slot: Hashable,
+    samples: tuple[str, Samples, Samples, Samples],
+    metric: tuple[V.MetricSpec, tuple[float, ...], float],
+    snap: Snapshot,
+    key_of: Callable[[Labels], SeriesKey | None],
+) -> bool:
+    """Add a histogram row's series to ``snap`` by its plan (made now, and kept at ``slot``, when its
+    samples' label sets changed). ``samples``: the base name and the bucket, count and sum samples;
+    ``metric``: the canonical metric, its boundaries and the row's divisor. False when no plan can stand
+    for the translation (a series gives one boundary twice, e.g. ``1`` and ``1.0``)."""
+    base, buckets, counts, sums = samples
+    spec, bounds, divisor = metric
+    shape = (base, [lbl for lbl, _ in buckets], [lbl for lbl, _ in counts], [lbl for lbl, _ in sums])
+    known = memo.histograms.get(slot)
+    if known is not None and known[0] == shape:
+        plan = known[1]
+    else:
+        made = histogram_plan(shape, bounds, divisor, key_of)
+        if made is None:
+            return False
+        plan = made
+        memo.histograms[slot] = (shape, plan)
+    values = [v for _, v in buckets]
+    values += [v for _, v in counts]
+    values += [v for _, v in sums]
+    values.append(0.0)
+    for key, positions, exact, inf, total in plan:
+        if not exact:
+            snap.inexact.add(spec)
+        canon = None if positions is None else [values[i] for i in positions]
+        snap.add_histogram(spec, key, HistogramValue(bounds, canon, values[inf], values[total] / divisor))
+    return True
+
+
+def by_sum_plan(
+    memo: TranslateMemo,
+    slot: Hashable,
+    sum_samples: Samples,
+    count_samples: Samples,
+    metric: tuple[V.MetricSpec, tuple[float, ...], float],
+    snap: Snapshot,
+    key_of: Callable[[Labels], SeriesKey | None],
+) -> None:
+    """Add a sum-only histogram row's series (count and sum, no buckets) to ``snap`` by a plan made once
+    per shape of its two samples' label sets (kept at ``slot``): per series, its key and where its sum
+    and count are."""
+    shape = ([lbl for lbl, _ in sum_samples], [lbl for lbl, _ in count_samples])
+    known = memo.sums.get(slot)
+    if known is not None and known[0] == shape:
+        plan = known[1]
+    else:
+        count_at = {norm(lbl): j for j, lbl in enumerate(shape[1])}
+        plan = []
+        for i, labels in enumerate(shape[0]):
+            j = count_at.get(norm(labels))
+            key = None if j is None else key_of(labels)
+            if key is not None and j is not None:
+                plan.append((key, i, j))
+        memo.sums[slot] = (shape, plan)
+    spec, bounds, divisor = metric
+    for key, i, j in plan:
+        snap.add_histogram(spec, key, HistogramValue(bounds, None, count_samples[j][1], sum_samples[i][1] / divisor))
+    if plan:
+        snap.inexact.add(spec)
+
+
+MAX_PRESENT_SHAPES = 64
+"""most (rows, page names) pairs whose present rows a memo keeps."""
+
+
+def rows_present(memo: TranslateMemo, rows: tuple[T, ...], parsed: ParsedText, present: Callable[[T], bool]) -> list[T]:
+    """Those of ``rows`` that are ``present`` (read any sample of ``parsed``: the others add nothing),
+    worked out once per set of names a page has (a page keeps its names from scrape to scrape)."""
+    names = tuple(parsed.samples)  # the same name objects page after page: compared by identity
+    key = (id(rows), names)
+    found = memo.present.get(key)
+    if found is None or found[0] is not rows:  # (the memo holds ``rows``: its id is not reused meanwhile)
+        if len(memo.present) > MAX_PRESENT_SHAPES:
+            memo.present.clear()
+        found = memo.present[key] = (rows, [row for row in rows if present(row)])
+    return cast(list[T], found[1])
+
+
 def rebucket_positions(
     source: list[tuple[float, int]], canonical: tuple[float, ...], zero: int
 ) -> tuple[list[int], bool]:
@@ -140,3 +271,22 @@ def parse_le(base: str, le_raw: str, divisor: float) -> float:
 def norm(labels: Labels) -> Labels:
     """A label set in name order (equal sets written in another order are one key)."""
     return tuple(sorted(labels))
+
+
+BucketSeries = dict[Labels, tuple[Labels, list[tuple[float, float]]]]
+"""sorted labels without ``le`` -> (those labels as the source ordered them, [(finite le, cumulative count)])."""
+
+
+def bucket_series(parsed: ParsedText, base: str, divisor: float) -> tuple[BucketSeries, dict[Labels, float]]:
+    """The ``<base>_bucket`` samples by series: finite buckets (``le`` in canonical units), ``+Inf`` counts."""
+    le_cache: dict[str, float] = {}
+    series: BucketSeries = {}
+    inf_counts: dict[Labels, float] = {}
+    for labels, value in parsed.samples.get(base + "_bucket", ()):
+        le, rest, key = bucket_le(labels, base, divisor, le_cache)
+        if le == float("inf"):
+            inf_counts[key] = value
+            series.setdefault(key, (tuple(rest), []))
+        else:
+            series.setdefault(key, (tuple(rest), []))[1].append((le, value))
+    return series, inf_counts

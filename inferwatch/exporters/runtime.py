@@ -24,6 +24,7 @@ port).
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -47,7 +48,7 @@ from inferwatch.exporters.mapping import (
     ScrapeError,
     TranslateContext,
 )
-from inferwatch.exporters.samples import Snapshot, check_finite_snapshot, merge_snapshots, series_key
+from inferwatch.exporters.samples import SeriesKey, Snapshot, check_finite_snapshot, merge_snapshots, series_key
 from inferwatch.exporters.targets import AUTO, TargetConfig
 from inferwatch.exporters.textparse import ParseError, check_complete, looks_like_text_exposition, too_many_samples
 
@@ -58,6 +59,7 @@ DETECT_PATH = "/metrics"
 """what a base URL is scraped at while its engine is not known yet."""
 UNDETECTED_POLL_SECONDS = 1.0
 """how often a target whose engine is not known yet asks whether it needs background polls."""
+_NO_FACTS = EngineFacts()
 COLLECT_SLACK_SECONDS = 0.1
 """how long past a flight's deadline a scrape waits for the flight to report its own timeout."""
 
@@ -100,10 +102,41 @@ def health_snapshot(
 
 
 def with_health(snap: Snapshot, target: str, engine: str, extra: dict[str, str], duration: float) -> Snapshot:
-    """``snap`` plus health series for a successful translation."""
-    histos = {spec: spec in snap.inexact for spec in snap.histograms if snap.histograms[spec]}
-    health = health_snapshot(target, engine, extra, True, duration, len(snap.unmapped), histos)
-    return merge_snapshots([snap, health])
+    """``snap`` with the health series of a successful translation added (to ``snap`` itself: a
+    translation's snapshot is its own, and copying it whole cost every scrape); the series are
+    :func:`health_snapshot`'s, their keys made once per target."""
+    items = tuple(extra.items())
+    key = _health_key(target, engine, items, None)
+    health = {
+        V.EXPORTER_UP: {key: 1.0},
+        V.EXPORTER_SCRAPE_DURATION: {key: duration},
+        V.EXPORTER_UNMAPPED_FAMILIES: {key: float(len(snap.unmapped))},
+    }
+    inexact = snap.inexact
+    buckets = {
+        _health_key(target, engine, items, spec.name): 1.0 if spec in inexact else 0.0
+        for spec, series in snap.histograms.items()
+        if series
+    }
+    if buckets:
+        health[V.EXPORTER_INEXACT_BUCKETS] = buckets
+    values = snap.values
+    for spec, series in health.items():
+        mine = values.get(spec)
+        if mine is None:
+            values[spec] = series
+        else:
+            for k, v in series.items():
+                snap.add_value(spec, k, v)
+    return snap
+
+
+@functools.lru_cache(maxsize=4096)
+def _health_key(target: str, engine: str, extra: tuple[tuple[str, str], ...], metric: str | None) -> SeriesKey:
+    base = {V.LABEL_ENGINE: engine, V.LABEL_TARGET: target}
+    if metric is not None:
+        base[V.LABEL_METRIC] = metric
+    return series_key(base, dict(extra))
 
 
 class Done:
@@ -184,6 +217,7 @@ class TargetScraper:
     environ: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
     """where ``gpus.pod_from_env`` finds the pod's name and namespace."""
     _gpu_error: str | None = None
+    _ctx: TranslateContext | None = None
 
     def __post_init__(self) -> None:
         if self.target.engine != AUTO:
@@ -219,7 +253,7 @@ class TargetScraper:
         if adapter.info_path is None or adapter.parse_info is None:
             return
         now = self.clock()
-        if now - self._facts_at < FACTS_REFRESH_SECONDS and self.facts != EngineFacts():
+        if now - self._facts_at < FACTS_REFRESH_SECONDS and self.facts != _NO_FACTS:
             return
         self._facts_at = now
         try:
@@ -414,13 +448,18 @@ class TargetScraper:
         )
 
     def _context(self, adapter: EngineAdapter) -> TranslateContext:
-        return TranslateContext(
-            engine=adapter.name,
-            vocabulary=self.vocabulary,
-            model_override=self.target.model,
-            extra_labels=self.target.labels,
-            facts=self.facts,
-        )
+        """The context of this target's translations: made again only when the engine or its facts
+        change (a translation sets its ``memo``, the session's own)."""
+        ctx = self._ctx
+        if ctx is None or ctx.engine != adapter.name or ctx.facts is not self.facts:
+            ctx = self._ctx = TranslateContext(
+                engine=adapter.name,
+                vocabulary=self.vocabulary,
+                model_override=self.target.model,
+                extra_labels=self.target.labels,
+                facts=self.facts,
+            )
+        return ctx
 
     def state(self) -> str | None:
         """None while the last scrape succeeded; else why it failed (or that none has succeeded yet)."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import html
 import logging
 import socket
-import struct
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -25,13 +25,15 @@ from inferwatch.core.config import ConfigError, parse_listen
 from inferwatch.exporters.engines import EngineRegistry
 from inferwatch.exporters.fetching import ACCEPT_ENCODING, Watchdog
 from inferwatch.exporters.httpd import TEXT, HttpServer, Response
-from inferwatch.exporters.render import CONTENT_TYPE, render
-from inferwatch.exporters.runtime import TargetScraper
+from inferwatch.exporters.render import CONTENT_TYPE, RenderCache, render
+from inferwatch.exporters.runtime import Done, TargetScraper
 from inferwatch.exporters.samples import Snapshot, merge_snapshots
 from inferwatch.exporters.targets import ExporterConfig, target_errors
 
 log = logging.getLogger("inferwatch.exporter")
 
+STOP_POLL_SECONDS = 0.01
+"""how often :meth:`Exporter.stop` looks whether the scrapes being served have finished."""
 _TCPI_LAST_DATA_RECV = 52
 """offset of ``tcpi_last_data_recv`` (u32, ms since data last arrived) in Linux's ``struct tcp_info``."""
 
@@ -44,9 +46,11 @@ def arrived_at(conn: socket.socket) -> float:
     try:
         info = conn.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104)
         now = time.monotonic()
-        ms: int = struct.unpack_from("=I", info, _TCPI_LAST_DATA_RECV)[0]
-    except (AttributeError, OSError, struct.error):
+        ms = int.from_bytes(info[_TCPI_LAST_DATA_RECV : _TCPI_LAST_DATA_RECV + 4], sys.byteorder)
+    except (AttributeError, OSError):
         return time.monotonic()
+    if len(info) < _TCPI_LAST_DATA_RECV + 4:  # a kernel whose tcp_info ends before the field
+        return now
     return now - ms / 1000.0
 
 
@@ -59,11 +63,15 @@ class Exporter:
     vocabulary: V.Vocabulary
     transport: httpx.BaseTransport | None = None
     scrapers: list[TargetScraper] = field(default_factory=list)
-    _stop: threading.Event = field(default_factory=threading.Event)
+    _stopped: Done = field(default_factory=Done)
+    """set by :meth:`stop`; the background polls wait on it (a :class:`Done`: a wait costs one lock
+    acquisition, where an Event's builds a Condition waiter, once a scrape for an engine polled)."""
     _threads: list[threading.Thread] = field(default_factory=list)
     _server: HttpServer | None = None
     _active: int = 0
-    _idle: threading.Condition = field(default_factory=threading.Condition)
+    _active_lock: threading.Lock = field(default_factory=threading.Lock)
+    """guards :attr:`_active`, the scrapes being served (a plain lock: a Condition's methods are Python
+    code every scrape ran twice; :meth:`stop` polls the count instead of waiting to be notified)."""
 
     def __post_init__(self) -> None:
         errors = target_errors(self.config, self.registry)
@@ -74,6 +82,7 @@ class Exporter:
             transport=self.transport, follow_redirects=False, headers={"Accept-Encoding": ACCEPT_ENCODING}
         )
         self.watchdog = Watchdog()
+        self.render_cache = RenderCache()
         self.scrapers = [
             TargetScraper(
                 target=t, registry=self.registry, vocabulary=self.vocabulary, client=self.client, watchdog=self.watchdog
@@ -85,9 +94,16 @@ class Exporter:
         """Scrape every target (concurrently) and render the canonical exposition; ``arrived``: when the
         request came (default now), which decides whether it shares each target's last scrape."""
         arrived = time.monotonic() if arrived is None else arrived
-        with self._serving():
+        with self._active_lock:
+            self._active += 1
+        try:
             snaps = self._collect(arrived)
-            return render(merge_snapshots(snaps), self.vocabulary)
+            # one target's snapshot is rendered as it is (rendering changes no snapshot)
+            snap = snaps[0] if len(snaps) == 1 else merge_snapshots(snaps)
+            return render(snap, self.vocabulary, cache=self.render_cache)
+        finally:
+            with self._active_lock:
+                self._active -= 1
 
     def _collect(self, arrived: float) -> list[Snapshot]:
         """Every target's snapshot: the last target's new flight runs in this thread, first, the others
@@ -116,18 +132,23 @@ class Exporter:
 
     @contextmanager
     def _serving(self) -> Iterator[None]:
-        with self._idle:
+        with self._active_lock:
             self._active += 1
         try:
             yield
         finally:
-            with self._idle:
+            with self._active_lock:
                 self._active -= 1
-                self._idle.notify_all()
 
     def _poll_loop(self, scraper: TargetScraper) -> None:
-        while (delay := scraper.poll_delay()) is not None and not self._stop.wait(delay):
-            scraper.poll()
+        """Poll ``scraper`` whenever its poll is due. A wake that finds the poll pushed back (a scrape did
+        its work meanwhile: once a scrape when scrapes are about as frequent as polls) only sleeps again."""
+        while (delay := scraper.poll_delay()) is not None:
+            if delay > 0.0:
+                if self._stopped.wait(delay):
+                    return
+            else:
+                scraper.poll()
 
     def _handle(self, path: str, conn: socket.socket) -> Response:
         if path == "/metrics":
@@ -166,15 +187,14 @@ class Exporter:
         """Stop listening, wait at most ``grace`` seconds for the scrapes being served, then abort
         every engine request still in flight and release the sockets. Returns whether the scrapes
         being served all finished within the grace period. Never blocks much longer than ``grace``."""
-        self._stop.set()
+        self._stopped.set()
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
         until = time.monotonic() + grace
-        with self._idle:
-            while self._active and (left := until - time.monotonic()) > 0:
-                self._idle.wait(left)
-            drained = self._active == 0
+        while self._active and (left := until - time.monotonic()) > 0:
+            time.sleep(min(left, STOP_POLL_SECONDS))
+        drained = self._active == 0
         self.watchdog.abort_all()
         for scraper in self.scrapers:
             scraper.connections.close()

@@ -18,17 +18,19 @@ for duplicates: they never reach the output. :func:`check_complete` refuses a pa
 
 from __future__ import annotations
 
+import math
 import operator
 import re
-from collections.abc import Callable, Container, Iterator
+from collections.abc import Callable, Container, Iterable, Iterator
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Any, Literal, cast
 
 from inferwatch.core import vocabulary as V
 
 Labels = tuple[tuple[str, str], ...]
-_Pick = Callable[[list[float]], Any]
-"""values of a page -> one name's (a float for one sample, a tuple for several: ``operator.itemgetter``)."""
+_Pick = Callable[[list[Any]], Any]
+"""a page's wanted lines' (labels, value) -> one name's: a list (a slice) or a tuple (``operator.itemgetter``)."""
 _Entry = tuple[str, Labels, int]
 """a cached sample line: its sample name, its labels (source order) and its series id."""
 
@@ -83,6 +85,9 @@ class ParsedText:
     """family name -> type, from ``# TYPE`` lines."""
     sample_names: set[str] = field(default_factory=set)
     """Names of samples that had no ``# TYPE`` line (untyped), for unmapped-family accounting."""
+    finite: bool = field(default=False, compare=False)
+    """whether every wanted sample's value is known to be finite (False: not known; a cached parse
+    tells it from the sum of the page's values, at C speed)."""
 
     def get(self, name: str) -> list[tuple[Labels, float]]:
         return self.samples.get(name, [])
@@ -129,6 +134,9 @@ class LineCache:
         "pick",
         "plan",
         "prefixes",
+        "type_families",
+        "type_lines",
+        "type_pick",
         "types",
         "value_slices",
         "wanted",
@@ -146,7 +154,7 @@ class LineCache:
         self.wanted: object = None
         self.last_entries: list[_Entry] = []
         """the wanted lines' entries of the last page, in page order."""
-        self.plan: list[tuple[str, list[Labels], _Pick]] = []
+        self.plan: tuple[list[str], list[_Pick], list[Labels]] = ([], [], [])
         """how the last page's values group into samples per name (see :func:`_grouping`)."""
         self.prefixes: list[str] | None = None
         """each line of the last page up to its value (its head and the space; ``""`` for a blank
@@ -157,6 +165,12 @@ class LineCache:
         """where the value starts on each of those lines."""
         self.types: list[tuple[int, int, str]] = []
         """the last page's ``# TYPE`` lines: (line, where its type starts, the family)."""
+        self.type_pick: Callable[[list[str]], tuple[str, ...]] = _picker([])
+        """a page's lines at :attr:`types`."""
+        self.type_lines: tuple[str, ...] | None = None
+        """those lines of the last page read by plan, and the families they gave: a page whose TYPE
+        lines are these, whole, gives the same (one tuple comparison instead of a slice per line)."""
+        self.type_families: dict[str, str] = {}
         self.blank_at: list[int] = []
         """the last page's blank lines (a line without a space has the same head: it is checked)."""
 
@@ -165,8 +179,9 @@ class LineCache:
         self.labels.clear()
         self.canon.clear()
         self.last_entries = []
-        self.plan = []
+        self.plan = ([], [], [])
         self.prefixes = None
+        self.type_lines = None
 
 
 def parse(text: str, wanted: Container[str], cache: LineCache | None = None) -> ParsedText:
@@ -240,10 +255,12 @@ def _parse_cached(text: str, wanted: Container[str], cache: LineCache) -> Parsed
             numbers = list(map(float, values))
         except ValueError:
             raise ParseError("invalid sample value") from None
-    samples = out.samples
-    for name, labels, pick in cache.plan:
-        got = pick(numbers)
-        samples[name] = list(zip(labels, got if isinstance(got, tuple) else (got,), strict=True))
+    total = sum(numbers)
+    out.finite = total - total == 0.0  # a NaN or an infinity makes it NaN
+    names, picks, labels = cache.plan
+    # every wanted line's (labels, value), then each name's lines picked from them: C-level loops only
+    pairs = list(zip(labels, numbers, strict=True))
+    out.samples = dict(zip(names, map(list, map(operator.call, picks, repeat(pairs))), strict=True))
     if len(cache.heads) > 2 * len(lines) + 256:  # shapes that do not repeat (timestamps, churning labels)
         cache.clear()
     return out
@@ -298,8 +315,14 @@ def _by_plan(lines: list[str], cache: LineCache, families: dict[str, str]) -> li
         numbers = list(map(float, cast(Iterator[str], map(operator.getitem, cache.pick(lines), cache.value_slices))))
     except ValueError:
         return None
-    for i, start, family in cache.types:
-        families[family] = lines[i][start:].strip()
+    type_lines = cache.type_pick(lines)
+    if type_lines == cache.type_lines:
+        families.update(cache.type_families)
+    else:
+        for i, start, family in cache.types:
+            families[family] = lines[i][start:].strip()
+        cache.type_lines = type_lines
+        cache.type_families = dict(families)
     return numbers
 
 
@@ -326,19 +349,29 @@ def _remember_page(cache: LineCache, lines: list[str]) -> None:
     cache.types = [
         (i, len(prefixes[i]), m.family) for i, m in enumerate(marks) if isinstance(m, _Mark) and m.family is not None
     ]
+    cache.type_pick = _picker([i for i, _, _ in cache.types])
+    cache.type_lines = None
     cache.blank_at = [i for i, m in enumerate(marks) if m is _BLANK]
 
 
-def _grouping(entries: list[_Entry]) -> list[tuple[str, list[Labels], _Pick]]:
-    """Per sample name, in order of first appearance: its label sets and where its values are."""
-    groups: dict[str, tuple[list[Labels], list[int]]] = {}
-    for i, (name, labels, _) in enumerate(entries):
-        group = groups.get(name)
-        if group is None:
-            group = groups[name] = ([], [])
-        group[0].append(labels)
-        group[1].append(i)
-    return [(name, labels, operator.itemgetter(*where)) for name, (labels, where) in groups.items()]
+def _grouping(entries: list[_Entry]) -> tuple[list[str], list[_Pick], list[Labels]]:
+    """Per sample name, in order of first appearance: the name and how to pick its samples from the
+    page's wanted lines (a slice where they are contiguous, else their positions); and the labels of
+    every wanted line."""
+    groups: dict[str, list[int]] = {}
+    for i, (name, _, _) in enumerate(entries):
+        where = groups.get(name)
+        if where is None:
+            where = groups[name] = []
+        where.append(i)
+    picks: list[_Pick] = []
+    for where in groups.values():
+        first, last = where[0], where[-1]
+        if last - first + 1 == len(where):  # contiguous
+            picks.append(operator.itemgetter(slice(first, last + 1)))
+        else:
+            picks.append(operator.itemgetter(*where))
+    return list(groups), picks, [labels for _, labels, _ in entries]
 
 
 def _type_line(line: str, families: dict[str, str]) -> None:
@@ -443,3 +476,21 @@ def looks_like_text_exposition(text: str) -> bool:
         return True
     first = stripped[0]
     return first == "#" or bool(_NAME_OK.match(stripped.split("{", 1)[0].split(" ", 1)[0]))
+
+
+def check_finite(parsed: ParsedText, names: Iterable[str]) -> None:
+    """Raise :class:`NonFiniteSample` when a sample of ``names`` (those feeding a canonical counter or
+    histogram: an adapter's ``strict_samples``) is NaN or infinite. Such a value is garbage (a counter counts
+    events), and it cannot be dropped alone: where several series sum into one canonical series, serving the
+    sum without it would look like a counter reset. Gauges may be NaN (the format allows it)."""
+    if parsed.finite:  # every sample is: so are these
+        return
+    samples = parsed.samples
+    for name in names:
+        got = samples.get(name)
+        if not got or math.isfinite(sum([v for _, v in got])):
+            continue
+        for labels, v in got:
+            if not math.isfinite(v):
+                shown = ",".join(f'{k}="{val}"' for k, val in labels)
+                raise NonFiniteSample(f"{name}{{{shown}}} is {v!r}; a counter or histogram sample must be finite")

@@ -11,6 +11,7 @@ of the connection. It decodes no content coding and enforces no deadline: the ca
 
 from __future__ import annotations
 
+import functools
 import socket
 from collections.abc import Iterator
 
@@ -61,11 +62,9 @@ class Connection:
         :class:`Answer`). Raises :class:`Stale`, :class:`WireError` or ``OSError``."""
         sock = self.sock
         assert sock is not None, "open() first"
-        host = self.host if self.port == 80 else f"{self.host}:{self.port}"
-        lines = [f"GET {target} HTTP/1.1", f"Host: {host}", *(f"{k}: {v}" for k, v in headers.items())]
         self._buf = b""
         try:
-            sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
+            sock.sendall(_request_head(self.host, self.port, target, tuple(headers.items())))
         except (BrokenPipeError, ConnectionResetError) as exc:
             raise Stale(str(exc)) from None
         head = self._read_head(sock)
@@ -112,6 +111,14 @@ class Connection:
             self._buf += chunk
         data, self._buf = self._buf[:end], self._buf[end + 2 :]
         return data
+
+
+@functools.lru_cache(maxsize=256)
+def _request_head(host: str, port: int, target: str, headers: tuple[tuple[str, str], ...]) -> bytes:
+    """A GET request's head (a target asks the same few, scrape after scrape: each is made once)."""
+    authority = host if port == 80 else f"{host}:{port}"
+    lines = [f"GET {target} HTTP/1.1", f"Host: {authority}", *(f"{k}: {v}" for k, v in headers)]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
 
 class Answer:

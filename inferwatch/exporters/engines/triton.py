@@ -126,9 +126,12 @@ def hook(parsed: ParsedText, ctx: TranslateContext, snap: Snapshot) -> None:
     def accept(labels: Labels) -> bool:
         return dict(labels).get("model", "") in llm_models
 
-    translate_rows(ADAPTER, REQUEST_ROWS, parsed, ctx, snap, accept)
+    # the filter is the set of models: the memo keeps what it keeps per set (one set, page after page)
+    tag = frozenset(llm_models)
+    translate_rows(ADAPTER, REQUEST_ROWS, parsed, ctx, snap, accept, ctx.memo, tag)
     ttft_models = {dict(lbl).get("model", "") for lbl, _ in parsed.get(f"{FIRST_RESPONSE}_count")}
-    translate_rows(ADAPTER, TTFT_ROWS, parsed, ctx, snap, accept if ttft_models & llm_models else None)
+    filtered = bool(ttft_models & llm_models)
+    translate_rows(ADAPTER, TTFT_ROWS, parsed, ctx, snap, accept if filtered else None, ctx.memo, tag)
 
     blocks: dict[str, dict[str, float]] = {}
     for labels, value in parsed.get(KV_BLOCKS):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -143,3 +144,31 @@ def test_without_a_pool_the_request_asks_to_close() -> None:
     with canned(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(BODY), BODY)) as (url, heads):
         assert fetch(url) == BODY.decode()
     assert b"Connection: close" in heads[0]
+
+
+def test_the_watchdog_aborts_at_the_deadline_and_sleeps_through_short_requests() -> None:
+    """A request past its deadline is aborted by then; requests that end in time, one after another,
+    do not wake the watchdog each (it sleeps a timeout at a time while none runs)."""
+    timeout = 0.3
+    watchdog = fetching.Watchdog()
+    try:
+        with httpx.Client() as client:
+
+            def request() -> fetching.EngineRequest:
+                return watchdog.watch(fetching.EngineRequest(client, "http://127.0.0.1:1", fetching.Limits(timeout, 1)))
+
+            slow = request()
+            deadline = slow.deadline.at
+            while not slow.aborted and time.monotonic() < deadline + 2.0:
+                time.sleep(0.005)
+            assert slow.aborted and time.monotonic() >= deadline
+            woken = watchdog.wakes
+            # 20 short requests over about two timeouts: a few timed wakes, not one per request
+            for _ in range(20):
+                quick = request()
+                quick.finish()
+                time.sleep(timeout / 10)
+            assert watchdog.wakes - woken <= 4, watchdog.wakes - woken
+            assert not quick.aborted
+    finally:
+        watchdog.stop()

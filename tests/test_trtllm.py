@@ -223,3 +223,64 @@ def test_scrapes_as_frequent_as_the_interval_do_all_the_draining(
     with pytest.raises(ScrapeError):
         session.poll(get)
     assert drains() == 4 and session.poll_delay() == pytest.approx(1.0)  # retried an interval later
+
+
+def test_json_signals_are_every_metric_the_stats_can_add() -> None:
+    """:data:`JSON_SIGNALS` (what makes a page covered) is exactly what the JSON stats add to a bare
+    snapshot: a metric missing from it would leave a covered page without that signal."""
+    acc = trtllm_engine.IterationStatsAccumulator()
+    acc.feed(json.loads((D / "json-iteration-stats" / "metrics.json").read_text()))
+    snap = Snapshot()
+    acc.apply(TranslateContext(engine=V.ENGINE_TRTLLM, model_override="m"), snap)
+    assert snap.metrics() == trtllm_engine.JSON_SIGNALS
+
+
+def test_a_covered_page_is_not_drained_and_loses_nothing(
+    registry: EngineRegistry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Gen C's page carries every signal of the JSON stats: after one such page, scrapes stop draining
+    them (one engine request less each), the poll wakes only 10 intervals after the last scrape, and
+    the scrape's series are those the JSON stats would have given; a page without them (Gen A) makes
+    the next scrape drain again."""
+    now = [100.0]
+    monkeypatch.setattr("inferwatch.exporters.engines.trtllm.time", SimpleNamespace(monotonic=lambda: now[0]))
+    stats = (D / "json-iteration-stats" / "metrics.json").read_text()
+    pages = {name: (D / name / "prometheus.txt").read_text() for name in ("gen-a", "gen-c")}
+    page = ["gen-c"]
+    asked: list[str] = []
+
+    def get(path: str, *, allow_404: bool = False) -> str:
+        asked.append(path)
+        return stats if path == trtllm_engine.JSON_PATH else pages[page[0]]
+
+    def drains() -> int:
+        return asked.count(trtllm_engine.JSON_PATH)
+
+    adapter = registry.get(V.ENGINE_TRTLLM)
+    session = adapter.open({"json_poll_interval_seconds": 1.0})
+    assert isinstance(session, trtllm_engine.TrtllmSession)
+    ctx = TranslateContext(engine=V.ENGINE_TRTLLM)
+
+    def scrape() -> Snapshot:
+        return session.translate(session.fetch(get, adapter.default_path), ctx)
+
+    first = scrape()  # not known to be covered yet: drains
+    assert drains() == 1 and session.covered and session.stats.iterations > 0
+    fresh = adapter.open({})  # the same page without any JSON stats
+    assert first.values == fresh.translate(pages["gen-c"], ctx).values
+    for step in range(1, 4):
+        now[0] = 100.0 + 2 * step
+        scrape()
+    assert drains() == 1
+    assert session.poll_delay() == pytest.approx(10.0)  # 10 intervals after the last scrape
+    now[0] = 116.0
+    session.poll(get)
+    assert drains() == 1 and session.poll_delay() == pytest.approx(10.0)  # the wake only pushes it back
+    page[0] = "gen-a"
+    now[0] = 117.0
+    scrape()  # read while covered: no drain; the page lacks the signals
+    assert drains() == 1 and not session.covered
+    now[0] = 118.0
+    snap = scrape()
+    assert drains() == 2
+    assert snap.value(V.REQUESTS_RUNNING) == facts("json-iteration-stats")["latest"]["numActiveRequests"]

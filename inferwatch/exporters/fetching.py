@@ -29,6 +29,7 @@ import contextlib
 import functools
 import heapq
 import itertools
+import math
 import select
 import socket
 import threading
@@ -510,8 +511,12 @@ def _plain_http_ok(client: httpx.Client) -> bool:
 
 class Watchdog:
     """Aborts every watched :class:`EngineRequest` whose deadline passed (one thread, started lazily).
-    It sleeps until the first deadline of a request still running: a request that finished in time
-    costs it no wake-up of its own (one scrape a second with a 10 s deadline woke it every second)."""
+
+    It sleeps until the first deadline of a request still running, or with none running for the
+    shortest timeout of the requests it has watched (:attr:`wakes_at`): a new request is then due after
+    that wake, and needs no wake-up of its own. A request that finished in time costs no wake-up either.
+    Measured at one scrape a second with a 5 s timeout: woken at every scrape when it slept without a
+    time limit while idle (about 0.08 ms of CPU per scrape, a GIL hand-over included), once in 5 now."""
 
     def __init__(self) -> None:
         self._clock = time.monotonic
@@ -522,15 +527,22 @@ class Watchdog:
         self._seq = itertools.count()
         self._thread: threading.Thread | None = None
         self._stopped = False
+        self._idle = math.inf
+        """the shortest timeout of the requests watched: how long the thread sleeps with none running."""
+        self.wakes_at = math.inf
+        """when the thread wakes next (``time.monotonic``): a request due earlier wakes it at once."""
+        self.wakes = 0
+        """how many times the thread woke (the tests count them)."""
 
     def watch(self, request: EngineRequest) -> EngineRequest:
         with self._lock:
             heapq.heappush(self._heap, (request.deadline.at, next(self._seq), request))
+            self._idle = min(self._idle, request.limits.timeout_seconds)
             if self._thread is None and not self._stopped:
                 self._thread = threading.Thread(target=self._run, name="scrape-watchdog", daemon=True)
                 self._thread.start()
-            if self._heap[0][2] is request:  # the watchdog sleeps until the first deadline: wake it
-                self._cond.notify()  # only when that is this one (a scrape's is mostly the last)
+            if request.deadline.at < self.wakes_at:  # the thread would wake too late for this one
+                self._cond.notify()
         return request
 
     def live(self) -> list[EngineRequest]:
@@ -559,8 +571,11 @@ class Watchdog:
                     # requests that finished in time need no abort: forget them without waking for each
                     while heap and heap[0][2].finished:
                         heapq.heappop(heap)
-                    if heap and heap[0][0] <= self._clock():
+                    now = self._clock()
+                    if heap and heap[0][0] <= now:
                         break
-                    self._cond.wait(heap[0][0] - self._clock() if heap else None)
+                    self.wakes_at = heap[0][0] if heap else now + self._idle
+                    self._cond.wait(self.wakes_at - now if self.wakes_at < math.inf else None)
+                    self.wakes += 1
                 _, _, request = heapq.heappop(heap)
             request.abort()

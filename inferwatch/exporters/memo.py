@@ -36,7 +36,19 @@ class TranslateMemo:
     """A target's memo (see the module docstring). Keys depend on the translation's context (the
     target's labels, model and vocabulary): :meth:`use` empties the memo when that changes."""
 
-    __slots__ = ("bounds", "context", "histograms", "keys", "lines", "names", "present", "sums", "texts", "unmapped")
+    __slots__ = (
+        "bounds",
+        "context",
+        "derived",
+        "histograms",
+        "keys",
+        "lines",
+        "names",
+        "present",
+        "sums",
+        "texts",
+        "unmapped",
+    )
 
     def __init__(self) -> None:
         self.lines = textparse.LineCache()
@@ -57,6 +69,8 @@ class TranslateMemo:
         """id of a histogram row -> the vocabulary's boundaries for its metric."""
         self.texts: dict[SeriesKey, str] = {}
         """series key -> its rendered label pairs (see :attr:`~inferwatch.exporters.samples.Snapshot.label_texts`)."""
+        self.derived: dict[Hashable, tuple[object, object]] = {}
+        """a hook's slot -> the label sets it read, and what it made of them (see :func:`derive`)."""
         self.unmapped: tuple[tuple[str, ...], list[str]] = ((), [])
         """the family names of the last page, and which of them the engine's mapping leaves unmapped."""
         self.context: tuple[object, ...] = ()
@@ -74,6 +88,22 @@ class TranslateMemo:
         self.keys.clear()
         self.histograms.clear()
         self.sums.clear()
+        self.derived.clear()
+
+
+def derive(memo: TranslateMemo | None, slot: Hashable, shape: object, build: Callable[[], T]) -> T:
+    """What ``build`` makes of a page's label sets alone (``shape``: the label sets it reads), kept in
+    ``memo`` at ``slot`` (an engine hook's own) and made again only when ``shape`` changes; without a
+    memo, made every time. A hook's work that depends on labels only (which models a page has, where
+    each one's samples are, their series keys) is then done once, not once per scrape."""
+    if memo is None:
+        return build()
+    known = memo.derived.get(slot)
+    if known is not None and known[0] == shape:
+        return cast(T, known[1])
+    made = build()
+    memo.derived[slot] = (shape, made)
+    return made
 
 
 def histogram_plan(

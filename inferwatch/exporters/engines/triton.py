@@ -11,10 +11,13 @@ counters and durations are taken only for the TensorRT-LLM models (those with ``
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from inferwatch.core import vocabulary as V
 from inferwatch.core.engines import triton as triton_facts
 from inferwatch.exporters.mapping import EngineAdapter, Row, TranslateContext, info_key, translate_rows, version_info
-from inferwatch.exporters.samples import Snapshot
+from inferwatch.exporters.memo import derive
+from inferwatch.exporters.samples import SeriesKey, Snapshot
 from inferwatch.exporters.textparse import Labels, ParsedText
 
 L = {"model": V.LABEL_MODEL}
@@ -119,37 +122,69 @@ def _llm_models(parsed: ParsedText) -> set[str]:
     return models
 
 
+SHAPE_NAMES = (REQUEST_METRICS, KV_BLOCKS, f"{INPUT_TOKENS}_count", f"{OUTPUT_TOKENS}_count", f"{FIRST_RESPONSE}_count")
+"""the samples whose label sets the hook's :class:`HookLayout` is made from."""
+
+
+@dataclass(frozen=True)
+class HookLayout:
+    """What the hook makes of a page's label sets alone, once per shape (:func:`derive`)."""
+
+    llm_models: frozenset[str]
+    """the models with TensorRT-LLM metrics (the request rows' filter, and its memo tag)."""
+    filtered: bool
+    """whether the first-response histogram is filtered to them (it has any of them)."""
+    blocks: tuple[tuple[int, str, str], ...]
+    """each KV block sample's position among :data:`KV_BLOCKS`'s, its model and block type."""
+    concurrency: tuple[tuple[int, str], ...]
+    """each ``request_type="max"`` sample's position among :data:`REQUEST_METRICS`'s, and its model."""
+    keys: dict[str, SeriesKey]
+    """each block model's series key."""
+
+
+def _layout(parsed: ParsedText, ctx: TranslateContext) -> HookLayout:
+    llm_models = _llm_models(parsed)
+    ttft_models = {dict(lbl).get("model", "") for lbl, _ in parsed.get(f"{FIRST_RESPONSE}_count")}
+    blocks = []
+    for i, (labels, _) in enumerate(parsed.get(KV_BLOCKS)):
+        d = dict(labels)
+        blocks.append((i, d.get("model", ""), d.get("kv_cache_block_type", "")))
+    concurrency = []
+    for i, (labels, _) in enumerate(parsed.get(REQUEST_METRICS)):
+        d = dict(labels)
+        if d.get("request_type") == "max":
+            concurrency.append((i, d.get("model", "")))
+    keys = {model: ctx.key({V.LABEL_MODEL: model}) for _, model, _ in blocks}
+    return HookLayout(frozenset(llm_models), bool(ttft_models & llm_models), tuple(blocks), tuple(concurrency), keys)
+
+
 def hook(parsed: ParsedText, ctx: TranslateContext, snap: Snapshot) -> None:
     """Request counters for the TensorRT-LLM models, capacity and prefix hits from block gauges."""
-    llm_models = _llm_models(parsed)
+    shape = tuple([lbl for lbl, _ in parsed.get(name)] for name in SHAPE_NAMES)
+    layout = derive(ctx.memo, hook, shape, lambda: _layout(parsed, ctx))
+    llm_models = layout.llm_models
 
     def accept(labels: Labels) -> bool:
         return dict(labels).get("model", "") in llm_models
 
     # the filter is the set of models: the memo keeps what it keeps per set (one set, page after page)
-    tag = frozenset(llm_models)
-    translate_rows(ADAPTER, REQUEST_ROWS, parsed, ctx, snap, accept, ctx.memo, tag)
-    ttft_models = {dict(lbl).get("model", "") for lbl, _ in parsed.get(f"{FIRST_RESPONSE}_count")}
-    filtered = bool(ttft_models & llm_models)
-    translate_rows(ADAPTER, TTFT_ROWS, parsed, ctx, snap, accept if filtered else None, ctx.memo, tag)
+    translate_rows(ADAPTER, REQUEST_ROWS, parsed, ctx, snap, accept, ctx.memo, llm_models)
+    translate_rows(ADAPTER, TTFT_ROWS, parsed, ctx, snap, accept if layout.filtered else None, ctx.memo, llm_models)
 
+    block_samples = parsed.get(KV_BLOCKS)
     blocks: dict[str, dict[str, float]] = {}
-    for labels, value in parsed.get(KV_BLOCKS):
-        d = dict(labels)
-        blocks.setdefault(d.get("model", ""), {})[d.get("kv_cache_block_type", "")] = value
-    concurrency: dict[str, float] = {}
-    for labels, value in parsed.get(REQUEST_METRICS):
-        d = dict(labels)
-        if d.get("request_type") == "max":
-            concurrency[d.get("model", "")] = value
+    for i, model, kind in layout.blocks:
+        blocks.setdefault(model, {})[kind] = block_samples[i][1]
+    request_samples = parsed.get(REQUEST_METRICS)
+    concurrency = {model: request_samples[i][1] for i, model in layout.concurrency}
     for model, kinds in sorted(blocks.items()):
         per = kinds.get("tokens_per")
         if per is None:
             continue
         if "max" in kinds:
-            snap.add_value(V.KV_CACHE_CAPACITY, ctx.key({V.LABEL_MODEL: model}), kinds["max"] * per)
+            snap.add_value(V.KV_CACHE_CAPACITY, layout.keys[model], kinds["max"] * per)
         if "reused" in kinds:
-            snap.add_value(V.PREFIX_CACHE_HIT_TOKENS, ctx.key({V.LABEL_MODEL: model}), kinds["reused"] * per)
+            snap.add_value(V.PREFIX_CACHE_HIT_TOKENS, layout.keys[model], kinds["reused"] * per)
             snap.notes[V.PREFIX_CACHE_HIT_TOKENS] = "[triton: reused KV blocks x tokens per block.]"
     for model in sorted(llm_models):
         info = {V.LABEL_MODEL: model}

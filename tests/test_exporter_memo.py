@@ -215,6 +215,8 @@ def test_a_histogram_with_a_boundary_written_twice_is_translated_without_plan(re
     session = adapter.open()
     for _ in range(2):
         assert _render(session.translate(page + "\n", ctx), ctx) == _reference(adapter.open(), page + "\n", ctx)
+    assert session.memo is not None
+    assert all(rows is not adapter.rows for _, rows, _ in session.memo.programs.values())  # nothing to replay
 
 
 def test_format_values_is_format_value_for_any_value() -> None:
@@ -240,3 +242,30 @@ def test_merging_leaves_the_merged_snapshots_as_they_were() -> None:
     assert a.histograms[V.TIME_TO_FIRST_TOKEN][key] == HistogramValue((1.0,), [1.0], 2.0, 3.0)
     assert b.histograms[V.TIME_TO_FIRST_TOKEN][key] == HistogramValue((1.0,), [4.0], 5.0, 6.0)
     assert (a.value(V.PROMPT_TOKENS), merged.value(V.PROMPT_TOKENS), again.value(V.PROMPT_TOKENS)) == (1.0, 3.0, 5.0)
+
+
+def test_a_page_of_a_known_shape_replays_its_recorded_steps(
+    registry: EngineRegistry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A page of a shape translated before is translated by the steps recorded then (no row is looked
+    up again), with its own values; a page of another shape is translated row by row."""
+    from inferwatch.exporters import mapping
+
+    directory = ENGINE_FIXTURES / "vllm" / "0.32.0-cpu"
+    meta = load_fixture_meta(directory)
+    adapter = registry.get(V.ENGINE_VLLM)
+    ctx = fixture_context(directory, meta, adapter, V.Vocabulary())
+    session = fixture_session(meta, adapter)
+    page = (directory / "metrics-final.txt").read_text()
+    session.translate(page, ctx)
+
+    def looked_up(*_: object) -> list[str]:
+        raise AssertionError("a row was looked up")
+
+    text = scaled(page, 2.0)
+    expected = _reference(fixture_session(meta, adapter), text, ctx)
+    monkeypatch.setattr(mapping, "_row_names", looked_up)
+    assert _render(session.translate(text, ctx), ctx) == expected
+    other = "\n".join(line for line in page.splitlines() if 'le="+Inf"' not in line) + "\n"
+    with pytest.raises(AssertionError, match="a row was looked up"):
+        session.translate(other, ctx)

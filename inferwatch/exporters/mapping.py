@@ -21,11 +21,15 @@ from inferwatch.core import vocabulary as V
 from inferwatch.exporters import textparse
 from inferwatch.exporters.memo import (
     TranslateMemo,
+    add_note,
     bucket_series,
     by_histogram_plan,
     by_keys,
     by_sum_plan,
     norm,
+    note_step,
+    recording,
+    replay,
     rows_present,
 )
 from inferwatch.exporters.samples import HistogramValue, SeriesKey, Snapshot, rebucket, series_key
@@ -344,12 +348,18 @@ def translate_rows(
     target's, for ``ctx``: see :meth:`TranslateMemo.use`) saves the work that repeats between payloads.
     With ``accept``, the memo is used only with a ``tag`` that stands for the filter: two calls with
     the same tag must accept the same label sets (a hook's filter made from the page gives the set
-    it was made from)."""
-    vocab = ctx.vocabulary
+    it was made from). With a memo, a page of a shape met before replays the steps recorded for that
+    shape (:func:`~inferwatch.exporters.memo.replay`), none of the rows' look-ups made again."""
     if accept is not None and tag is None:
         memo = None  # a filter is the caller's: what it keeps is not the row's alone
     elif memo is not None and accept is not None and len(memo.keys) > MAX_TAGGED_SLOTS:
         memo.forget_slots()  # tags that do not repeat: keep the memo bounded
+    if memo is not None and memo.recording is None and type(rows) is tuple and parsed.shape is not None:
+        if not replay(memo, rows, tag, parsed, snap):  # a page of a new shape: its steps are recorded
+            with recording(memo, rows, tag, parsed):
+                translate_rows(adapter, rows, parsed, ctx, snap, accept, memo, tag)
+        return
+    vocab = ctx.vocabulary
     if memo is not None and type(rows) is tuple:
         rows = rows_present(memo, rows, parsed, lambda row: _present(adapter, row, parsed, memo))
     for row in rows:
@@ -361,10 +371,10 @@ def translate_rows(
         name = _first_present(parsed, names)
         if name is None:
             continue
-        _note(snap, row)
+        _note(snap, row, memo)
         if memo is not None:
             key_of = lambda labels, row=row: _key_of(row, labels, ctx, accept)  # noqa: E731
-            by_keys(memo, slot, parsed.samples[name], (row.metric, row.divisor), snap, key_of)
+            by_keys(memo, slot, name, parsed.samples[name], (row.metric, row.divisor), snap, key_of)
             continue
         for labels, value in parsed.samples[name]:
             if accept is not None and not accept(labels):
@@ -379,11 +389,10 @@ MAX_TAGGED_SLOTS = 4096
 """most rows x filter tags whose series keys a memo keeps (filters made from pages that keep changing)."""
 
 
-def _note(snap: Snapshot, row: Row) -> None:
-    if row.note:
-        old = snap.notes.get(row.metric, "")
-        if row.note not in old:
-            snap.notes[row.metric] = f"{old} {row.note}".strip()
+def _note(snap: Snapshot, row: Row, memo: TranslateMemo | None = None) -> None:
+    add_note(snap, row.metric, row.note)
+    if row.note and memo is not None and memo.recording is not None:
+        memo.recording.append(note_step(row.metric, row.note))
 
 
 def translate_parsed(
@@ -444,9 +453,11 @@ def _translate_histogram(
     base = _first_present(parsed, names, "_bucket") or _first_present(parsed, names, "_count")
     if base is None:
         return
-    _note(snap, row)
+    _note(snap, row, memo)
     if memo is not None and _planned(row, parsed, ctx, snap, base, bounds, memo, accept, slot):
         return
+    if memo is not None and memo.recording is not None:
+        memo.recording.append(None)  # no plan (a boundary given twice): nothing to replay
     series, inf_counts = bucket_series(parsed, base, row.divisor)
     sums = {norm(lbl): v for lbl, v in parsed.samples.get(base + "_sum", ())}
     counts = {norm(lbl): v for lbl, v in parsed.samples.get(base + "_count", ())}
@@ -541,8 +552,9 @@ def _planned_sum_only(
     count_samples = parsed.samples.get(row.sources[1])
     if sum_samples and count_samples:
         key_of = lambda labels: _key_of(row, labels, ctx, accept)  # noqa: E731
-        by_sum_plan(memo, slot, sum_samples, count_samples, (row.metric, bounds, row.divisor), snap, key_of)
-        _note(snap, row)
+        metric = (row.metric, bounds, row.divisor)
+        by_sum_plan(memo, slot, (row.sources[0], row.sources[1]), sum_samples, count_samples, metric, snap, key_of)
+        _note(snap, row, memo)
 
 
 def _account_unmapped(adapter: EngineAdapter, parsed: ParsedText, snap: Snapshot) -> None:

@@ -11,7 +11,8 @@ translation gives the same snapshot, value for value (``tests/test_exporter_memo
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
+from contextlib import contextmanager
 from typing import Any, TypeVar, cast
 
 from inferwatch.core import vocabulary as V
@@ -30,6 +31,8 @@ Samples = list[tuple[Labels, float]]
 T = TypeVar("T")
 SumShape = tuple[list[Labels], list[Labels]]
 SumPlan = list[tuple[SeriesKey, int, int]]
+Step = Callable[[dict[str, "Samples"], Snapshot], None]
+"""one row's part of a recorded translation, replayed on a page of the same shape: (samples, snapshot)."""
 
 
 class TranslateMemo:
@@ -45,6 +48,8 @@ class TranslateMemo:
         "lines",
         "names",
         "present",
+        "programs",
+        "recording",
         "sums",
         "texts",
         "unmapped",
@@ -69,6 +74,11 @@ class TranslateMemo:
         """id of a histogram row -> the vocabulary's boundaries for its metric."""
         self.texts: dict[SeriesKey, str] = {}
         """series key -> its rendered label pairs (see :attr:`~inferwatch.exporters.samples.Snapshot.label_texts`)."""
+        self.programs: dict[Hashable, tuple[object, object, list[Step]]] = {}
+        """(id of a tuple of mapping rows, a filter's tag) -> the page shape and rows it was recorded
+        for, and its steps (see :func:`~inferwatch.exporters.mapping.translate_rows`)."""
+        self.recording: list[Step | None] | None = None
+        """the steps of the translation being recorded (``None`` in it: a row no step can replay)."""
         self.derived: dict[Hashable, tuple[object, object]] = {}
         """a hook's slot -> the label sets it read, and what it made of them (see :func:`derive`)."""
         self.unmapped: tuple[tuple[str, ...], list[str]] = ((), [])
@@ -89,6 +99,7 @@ class TranslateMemo:
         self.histograms.clear()
         self.sums.clear()
         self.derived.clear()
+        self.programs.clear()
 
 
 def derive(memo: TranslateMemo | None, slot: Hashable, shape: object, build: Callable[[], T]) -> T:
@@ -152,24 +163,42 @@ def histogram_plan(
 def by_keys(
     memo: TranslateMemo,
     slot: Hashable,
+    name: str,
     samples: Samples,
     metric: tuple[V.MetricSpec, float],
     snap: Snapshot,
     key_of: Callable[[Labels], SeriesKey | None],
 ) -> None:
-    """Add a counter or gauge row's samples to ``snap``, each label set's canonical key looked up in the
-    memo's keys at ``slot`` (``key_of`` fills them: ``None`` for a label set the row drops)."""
+    """Add a counter or gauge row's samples (those of ``name``) to ``snap``, each label set's canonical
+    key looked up in the memo's keys at ``slot`` (``key_of`` fills them: ``None`` for a label set the row
+    drops)."""
     keys = memo.keys.get(slot)
     if keys is None or len(keys) > 2 * len(samples) + 1024:  # label sets that do not repeat: bounded
         keys = memo.keys[slot] = {}
     spec, divisor = metric
     add = snap.add_value
+    aligned = []
     for labels, value in samples:
         key = keys.get(labels, _MISSING)
         if key is _MISSING:
             key = keys[labels] = key_of(labels)
+        aligned.append(key)
         if key is not None:
             add(spec, key, value / divisor)
+    if memo.recording is not None:
+        memo.recording.append(_value_step(name, spec, divisor, aligned))
+
+
+def _value_step(name: str, spec: V.MetricSpec, divisor: float, keys: list[SeriesKey | None]) -> Step:
+    """:func:`by_keys` replayed: the samples of ``name`` in the order of ``keys`` (their canonical keys)."""
+
+    def step(samples: dict[str, Samples], snap: Snapshot) -> None:
+        add = snap.add_value
+        for key, (_, value) in zip(keys, samples[name], strict=True):
+            if key is not None:
+                add(spec, key, value / divisor)
+
+    return step
 
 
 _MISSING: Any = object()
@@ -199,6 +228,28 @@ def by_histogram_plan(
             return False
         plan = made
         memo.histograms[slot] = (shape, plan)
+    _by_plan(plan, spec, bounds, divisor, buckets, counts, sums, snap)
+    if memo.recording is not None:
+        names = (f"{base}_bucket", f"{base}_count", f"{base}_sum")
+
+        def step(samples: dict[str, Samples], snap: Snapshot) -> None:
+            got = samples.get
+            _by_plan(plan, spec, bounds, divisor, got(names[0], []), got(names[1], []), got(names[2], []), snap)
+
+        memo.recording.append(step)
+    return True
+
+
+def _by_plan(
+    plan: Plan,
+    spec: V.MetricSpec,
+    bounds: tuple[float, ...],
+    divisor: float,
+    buckets: Samples,
+    counts: Samples,
+    sums: Samples,
+    snap: Snapshot,
+) -> None:
     values = [v for _, v in buckets]
     values += [v for _, v in counts]
     values += [v for _, v in sums]
@@ -208,21 +259,21 @@ def by_histogram_plan(
             snap.inexact.add(spec)
         canon = None if positions is None else [values[i] for i in positions]
         snap.add_histogram(spec, key, HistogramValue(bounds, canon, values[inf], values[total] / divisor))
-    return True
 
 
 def by_sum_plan(
     memo: TranslateMemo,
     slot: Hashable,
+    names: tuple[str, str],
     sum_samples: Samples,
     count_samples: Samples,
     metric: tuple[V.MetricSpec, tuple[float, ...], float],
     snap: Snapshot,
     key_of: Callable[[Labels], SeriesKey | None],
 ) -> None:
-    """Add a sum-only histogram row's series (count and sum, no buckets) to ``snap`` by a plan made once
-    per shape of its two samples' label sets (kept at ``slot``): per series, its key and where its sum
-    and count are."""
+    """Add a sum-only histogram row's series (count and sum, no buckets: the samples of ``names``) to
+    ``snap`` by a plan made once per shape of its two samples' label sets (kept at ``slot``): per
+    series, its key and where its sum and count are."""
     shape = ([lbl for lbl, _ in sum_samples], [lbl for lbl, _ in count_samples])
     known = memo.sums.get(slot)
     if known is not None and known[0] == shape:
@@ -237,10 +288,75 @@ def by_sum_plan(
                 plan.append((key, i, j))
         memo.sums[slot] = (shape, plan)
     spec, bounds, divisor = metric
+    _by_sum_plan(plan, spec, bounds, divisor, sum_samples, count_samples, snap)
+    if memo.recording is not None:
+        done = plan
+
+        def step(samples: dict[str, Samples], snap: Snapshot) -> None:
+            _by_sum_plan(done, spec, bounds, divisor, samples[names[0]], samples[names[1]], snap)
+
+        memo.recording.append(step)
+
+
+def _by_sum_plan(
+    plan: SumPlan,
+    spec: V.MetricSpec,
+    bounds: tuple[float, ...],
+    divisor: float,
+    sum_samples: Samples,
+    count_samples: Samples,
+    snap: Snapshot,
+) -> None:
     for key, i, j in plan:
         snap.add_histogram(spec, key, HistogramValue(bounds, None, count_samples[j][1], sum_samples[i][1] / divisor))
     if plan:
         snap.inexact.add(spec)
+
+
+MAX_PROGRAMS = 64
+"""most (rows, filter tag) pairs whose recorded steps a memo keeps."""
+
+
+def replay(memo: TranslateMemo, rows: tuple[object, ...], tag: Hashable, parsed: ParsedText, snap: Snapshot) -> bool:
+    """Translate ``parsed`` by the steps recorded for ``rows`` and ``tag`` on a page of its shape (the
+    same names and label sets: every look-up of the rows gives what it gave then); False when none
+    were. What a step adds is what the rows would add, value for value (``tests/test_exporter_memo.py``)."""
+    known = memo.programs.get((id(rows), tag))
+    if known is None or known[0] is not parsed.shape or known[1] is not rows:
+        return False
+    samples = parsed.samples
+    for step in known[2]:
+        step(samples, snap)
+    return True
+
+
+@contextmanager
+def recording(memo: TranslateMemo, rows: tuple[object, ...], tag: Hashable, parsed: ParsedText) -> Iterator[None]:
+    """Record the steps of the translation of ``rows`` run in the block, for :func:`replay` on the
+    pages of ``parsed``'s shape; kept when every row could be recorded and the block ran through."""
+    outer, memo.recording = memo.recording, []
+    try:
+        yield
+        steps = memo.recording
+    finally:
+        memo.recording = outer
+    if None not in steps:
+        if len(memo.programs) > MAX_PROGRAMS:
+            memo.programs.clear()
+        memo.programs[(id(rows), tag)] = (parsed.shape, rows, cast(list[Step], steps))
+
+
+def note_step(metric: V.MetricSpec, note: str) -> Step:
+    """:func:`add_note` replayed."""
+    return lambda _, snap: add_note(snap, metric, note)
+
+
+def add_note(snap: Snapshot, metric: V.MetricSpec, note: str) -> None:
+    """Append a mapping row's ``note`` to ``metric``'s HELP note, once."""
+    if note:
+        old = snap.notes.get(metric, "")
+        if note not in old:
+            snap.notes[metric] = f"{old} {note}".strip()
 
 
 MAX_PRESENT_SHAPES = 64

@@ -88,6 +88,9 @@ class ParsedText:
     finite: bool = field(default=False, compare=False)
     """whether every wanted sample's value is known to be finite (False: not known; a cached parse
     tells it from the sum of the page's values, at C speed)."""
+    shape: object = field(default=None, compare=False)
+    """a cached parse's page plan: the same object for every page whose wanted samples have the same
+    names and label sets, in the same order (``None``: a parse without cache)."""
 
     def get(self, name: str) -> list[tuple[Labels, float]]:
         return self.samples.get(name, [])
@@ -258,6 +261,7 @@ def _parse_cached(text: str, wanted: Container[str], cache: LineCache) -> Parsed
     total = sum(numbers)
     out.finite = total - total == 0.0  # a NaN or an infinity makes it NaN
     names, picks, labels = cache.plan
+    out.shape = cache.plan
     # every wanted line's (labels, value), then each name's lines picked from them: C-level loops only
     pairs = list(zip(labels, numbers, strict=True))
     out.samples = dict(zip(names, map(list, map(operator.call, picks, repeat(pairs))), strict=True))

@@ -269,3 +269,24 @@ def test_a_page_of_a_known_shape_replays_its_recorded_steps(
     other = "\n".join(line for line in page.splitlines() if 'le="+Inf"' not in line) + "\n"
     with pytest.raises(AssertionError, match="a row was looked up"):
         session.translate(other, ctx)
+
+
+def test_huge_finite_values_are_finite_and_a_nan_is_not() -> None:
+    """The finiteness check sums at C speed; finite values whose sum overflows are still finite (they
+    once raised StopIteration, a scrape failing as an internal error), and a NaN is caught."""
+    from inferwatch.exporters.samples import check_finite_snapshot
+    from inferwatch.exporters.textparse import NonFiniteSample
+
+    snap = Snapshot()
+    assert V.PROMPT_TOKENS.kind is V.Kind.COUNTER
+    for model in ("a", "b"):
+        snap.add_value(V.PROMPT_TOKENS, ((V.LABEL_MODEL, model),), 1e308)
+    snap.add_histogram(V.TIME_TO_FIRST_TOKEN, ((V.LABEL_MODEL, "a"),), HistogramValue((1.0,), [1e308], 1e308, 1e308))
+    check_finite_snapshot(snap)
+    nan = Snapshot()
+    nan.add_histogram(V.TIME_TO_FIRST_TOKEN, ((V.LABEL_MODEL, "a"),), HistogramValue((1.0,), [math.nan], 1.0, 1.0))
+    with pytest.raises(NonFiniteSample, match="histogram"):
+        check_finite_snapshot(nan)
+    snap.add_value(V.PROMPT_TOKENS, ((V.LABEL_MODEL, "c"),), math.inf)
+    with pytest.raises(NonFiniteSample, match="counter"):
+        check_finite_snapshot(snap)

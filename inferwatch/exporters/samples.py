@@ -175,12 +175,17 @@ def merge_snapshots(snapshots: Iterable[Snapshot]) -> Snapshot:
 def check_finite_snapshot(snap: Snapshot) -> None:
     """Raise :class:`~inferwatch.exporters.textparse.NonFiniteSample` when a canonical counter or histogram
     of ``snap`` is NaN or infinite (whatever computed it: rows, a hook, an engine's JSON)."""
+    isfinite = math.isfinite
     for spec, series in snap.values.items():
-        if spec.kind is V.Kind.COUNTER and not math.isfinite(sum(series.values())):
-            bad = next(k for k, v in series.items() if not math.isfinite(v))
-            raise NonFiniteSample(f"canonical counter {spec.key} {dict(bad)} is not finite")
+        # a sum is finite when every term is (at C speed); one that is not may also be finite terms
+        # whose sum overflows: then each value is looked at
+        if spec.kind is V.Kind.COUNTER and not isfinite(sum(series.values())):
+            bad = next((k for k, v in series.items() if not isfinite(v)), None)
+            if bad is not None:
+                raise NonFiniteSample(f"canonical counter {spec.key} {dict(bad)} is not finite")
     for spec, hseries in snap.histograms.items():
         for key, h in hseries.items():
-            total = h.inf + h.total + (sum(h.counts) if h.counts else 0.0)
-            if not math.isfinite(total):
+            if not isfinite(h.inf + h.total + (sum(h.counts) if h.counts else 0.0)) and not (
+                isfinite(h.inf) and isfinite(h.total) and all(map(isfinite, h.counts or ()))
+            ):
                 raise NonFiniteSample(f"canonical histogram {spec.key} {dict(key)} is not finite")

@@ -11,6 +11,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
 from sqlalchemy import func, select
 
 from inferwatch.collector.stats import rollup
@@ -29,7 +30,9 @@ def gone(pid: int) -> bool:
     return stat[stat.rfind(")") + 2 :].startswith("Z")
 
 
-def test_the_process_folds_and_stops_when_asked(tmp_path: Path) -> None:
+@pytest.mark.parametrize("watched", [True, False], ids=["watched", "unwatched"])
+def test_the_process_folds_and_stops_when_asked(tmp_path: Path, watched: bool) -> None:
+    """With a watch or without, it ignores SIGTERM and SIGINT (the collector's to act on) and ends when asked."""
     from inferwatch.collector.ingest.prepare import exit_with
     from inferwatch.collector.stats.rollup_process import RollupProcess
 
@@ -37,7 +40,7 @@ def test_the_process_folds_and_stops_when_asked(tmp_path: Path) -> None:
     engine = db.make_engine(url)
     db.ensure_schema(engine)
     inserts.insert_records(engine, make_rows(300))
-    job = RollupProcess(url, db.DbTimeouts(), interval=0.05, watch=exit_with)
+    job = RollupProcess(url, db.DbTimeouts(), interval=0.05, watch=exit_with if watched else None)
     job.start()
     try:
         pid = job._process.pid
@@ -49,7 +52,8 @@ def test_the_process_folds_and_stops_when_asked(tmp_path: Path) -> None:
             with engine.connect() as conn:
                 folded = conn.execute(select(func.max(ROLLUP_STATE_TABLE.c.folded_id))).scalar_one() or 0
         assert folded == 300
-        os.kill(pid, signal.SIGTERM)  # ignored: a signal to the process group must not end it under the collector
+        for sig in (signal.SIGTERM, signal.SIGINT):  # ignored: the group's signal must not end it under the collector
+            os.kill(pid, sig)
         time.sleep(0.3)
         assert not gone(pid)
     finally:

@@ -92,8 +92,9 @@ def _main(
 ) -> None:
     if watch is not None:
         watch(parent)
-    else:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    else:  # as ``exit_with`` does: a signal to the process group is the collector's to act on
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_IGN)
     engine = db.make_engine(url, timeouts)
     try:
         RollupJob(engine, interval, stop=stop).run()

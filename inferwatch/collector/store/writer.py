@@ -25,11 +25,10 @@ of being retried forever (the ingest path rejects what it knows the database wou
 :func:`inferwatch.collector.store.rows.refusal`). A :class:`~inferwatch.collector.store.tickets.Ticket` says
 what became of an offered batch.
 
-Retention (``retention``: delete the requests that started longer ago than that, a pass every
-``retention_interval`` seconds) runs in the writer thread in small steps, the records queued meanwhile
-inserted between two (:class:`~inferwatch.collector.store.retention.RetentionSchedule`). :meth:`Writer.stop`
-applies what is queued; should the thread be stuck in a database call past the timeout, what it had not
-committed is in the spool already, for the next start.
+Retention (``retention``: delete requests started longer ago, a pass every ``retention_interval`` seconds) runs in
+small steps in the writer thread (:class:`~inferwatch.collector.store.retention.RetentionSchedule`), queued records
+inserted between two. :meth:`Writer.stop` applies what is queued; a thread stuck in a database call past the
+timeout leaves what it had not committed in the spool, for the next start.
 """
 
 from __future__ import annotations
@@ -585,13 +584,15 @@ class Writer:
         return self._retention is not None and self._retention.cutoff is not None
 
     def _retain(self, schedule: RetentionSchedule) -> None:
-        """One step of the retention pass, so that records waiting to be inserted wait at most one short step;
-        the pass goes on at the writer's next turn (queued records first) until nothing older than the cutoff
-        is left."""
+        """One short step of the retention pass (queued records wait at most one); the pass goes on at the
+        writer's next turn, queued records first, until nothing older than the cutoff is left."""
         try:
             deleted, took = schedule.step(self.engine, self.write_timeout)
         except Exception as exc:
-            self._went_down(exc) if is_unreachable(exc) else log.exception("retention pass failed")
+            if is_unreachable(exc):
+                self._went_down(exc)
+            else:
+                log.exception("retention pass failed")
             return
         with self._stats_lock:
             self.stats.retention_deleted += deleted

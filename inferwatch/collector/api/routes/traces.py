@@ -134,9 +134,12 @@ ROOM_POLL_S: Final = 0.005
 """How often the export first in line reads whether the write queue has room again (the others wait behind it)."""
 
 
-async def wait_for_room(request: Request, ingestor: Ingestor) -> None:
+async def await_room(request: Request, ingestor: Ingestor) -> None:
     """Under overload (no room in the write queue), wait up to ``ADMISSION_WAIT_S`` for room before the body is
-    read and decoded; one export at a time polls, the others queue behind it (no poll per waiting export)."""
+    read and decoded; one export at a time polls, the others queue behind it (no poll per waiting export).
+
+    The gRPC receiver's threads block on the writer's condition instead (:meth:`Ingestor.wait_for_room`); the
+    event loop cannot, short of a thread per waiting export, so it polls every ``ROOM_POLL_S``."""
     state = request.app.state
     line: asyncio.Lock | None = getattr(state, "otlp_room_line", None)
     if line is None:
@@ -191,7 +194,7 @@ async def _export(request: Request, collector: CollectorDep, creds: Bearer, cont
         if _CONTENT_LENGTH.fullmatch(declared) and int(declared) > limit:
             raise OtlpError(413, f"request body of {declared} bytes exceeds the {limit}-byte limit")
         if not collector.ingestor.has_room():
-            await wait_for_room(request, collector.ingestor)
+            await await_room(request, collector.ingestor)
         body = await read_body(request, limit, settings.body_timeout_seconds)
     except OtlpError as exc:
         collector.metrics.rejected.labels(reason=f"http_{exc.status}").inc()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -70,14 +71,18 @@ def test_one_session_renders_every_page_as_a_fresh_translation(engine: str, regi
     assert checked == 6 * len(cases)
 
 
-def test_scaled_values_reach_the_output(registry: EngineRegistry) -> None:
-    """The plans carry positions, not values: a page of the same shape with other values renders them."""
+def _vllm_case(registry: EngineRegistry) -> tuple[dict[str, Any], TranslateContext, EngineSession, str]:
+    """The real vLLM capture's fixture: its meta, context, a session and its final page."""
     directory = ENGINE_FIXTURES / "vllm" / "0.32.0-cpu"
     meta = load_fixture_meta(directory)
     adapter = registry.get(V.ENGINE_VLLM)
     ctx = fixture_context(directory, meta, adapter, V.Vocabulary())
-    session = fixture_session(meta, adapter)
-    page = (directory / "metrics-final.txt").read_text()
+    return meta, ctx, fixture_session(meta, adapter), (directory / "metrics-final.txt").read_text()
+
+
+def test_scaled_values_reach_the_output(registry: EngineRegistry) -> None:
+    """The plans carry positions, not values: a page of the same shape with other values renders them."""
+    _, ctx, session, page = _vllm_case(registry)
     first = session.translate(page, ctx)
     second = session.translate(scaled(page, 2.0), ctx)
     ttft = first.histogram(V.TIME_TO_FIRST_TOKEN)
@@ -251,12 +256,8 @@ def test_a_page_of_a_known_shape_replays_its_recorded_steps(
     up again), with its own values; a page of another shape is translated row by row."""
     from inferwatch.exporters import mapping
 
-    directory = ENGINE_FIXTURES / "vllm" / "0.32.0-cpu"
-    meta = load_fixture_meta(directory)
-    adapter = registry.get(V.ENGINE_VLLM)
-    ctx = fixture_context(directory, meta, adapter, V.Vocabulary())
-    session = fixture_session(meta, adapter)
-    page = (directory / "metrics-final.txt").read_text()
+    meta, ctx, session, page = _vllm_case(registry)
+    adapter = session.adapter
     session.translate(page, ctx)
 
     def looked_up(*_: object) -> list[str]:

@@ -80,7 +80,7 @@ class TranslateMemo:
         self.recording: list[Step | None] | None = None
         """the steps of the translation being recorded (``None`` in it: a row no step can replay)."""
         self.derived: dict[Hashable, tuple[object, object]] = {}
-        """a hook's slot -> the label sets it read, and what it made of them (see :func:`derive`)."""
+        """a hook's slot -> the page shape it was made for, and what the hook made of it (:func:`derive`)."""
         self.unmapped: tuple[tuple[str, ...], list[str]] = ((), [])
         """the family names of the last page, and which of them the engine's mapping leaves unmapped."""
         self.context: tuple[object, ...] = ()
@@ -102,15 +102,17 @@ class TranslateMemo:
         self.programs.clear()
 
 
-def derive(memo: TranslateMemo | None, slot: Hashable, shape: object, build: Callable[[], T]) -> T:
-    """What ``build`` makes of a page's label sets alone (``shape``: the label sets it reads), kept in
-    ``memo`` at ``slot`` (an engine hook's own) and made again only when ``shape`` changes; without a
-    memo, made every time. A hook's work that depends on labels only (which models a page has, where
-    each one's samples are, their series keys) is then done once, not once per scrape."""
-    if memo is None:
+def derive(memo: TranslateMemo | None, slot: Hashable, parsed: ParsedText, build: Callable[[], T]) -> T:
+    """What ``build`` makes of ``parsed``'s label sets alone, kept in ``memo`` at ``slot`` (an engine
+    hook's own) for the pages of the same shape (the cached parse's plan: the same names and label
+    sets); made every time without a memo or a cached parse. A hook's work that depends on labels only
+    (which models a page has, where each one's samples are, their series keys) is then done once per
+    shape, not once per scrape."""
+    shape = parsed.shape
+    if memo is None or shape is None:
         return build()
     known = memo.derived.get(slot)
-    if known is not None and known[0] == shape:
+    if known is not None and known[0] is shape:
         return cast(T, known[1])
     made = build()
     memo.derived[slot] = (shape, made)
@@ -177,16 +179,14 @@ def by_keys(
         keys = memo.keys[slot] = {}
     spec, divisor = metric
     add = snap.add_value
-    aligned = []
     for labels, value in samples:
         key = keys.get(labels, _MISSING)
         if key is _MISSING:
             key = keys[labels] = key_of(labels)
-        aligned.append(key)
         if key is not None:
             add(spec, key, value / divisor)
     if memo.recording is not None:
-        memo.recording.append(_value_step(name, spec, divisor, aligned))
+        memo.recording.append(_value_step(name, spec, divisor, [keys[labels] for labels, _ in samples]))
 
 
 def _value_step(name: str, spec: V.MetricSpec, divisor: float, keys: list[SeriesKey | None]) -> Step:
@@ -290,10 +290,9 @@ def by_sum_plan(
     spec, bounds, divisor = metric
     _by_sum_plan(plan, spec, bounds, divisor, sum_samples, count_samples, snap)
     if memo.recording is not None:
-        done = plan
 
         def step(samples: dict[str, Samples], snap: Snapshot) -> None:
-            _by_sum_plan(done, spec, bounds, divisor, samples[names[0]], samples[names[1]], snap)
+            _by_sum_plan(plan, spec, bounds, divisor, samples[names[0]], samples[names[1]], snap)
 
         memo.recording.append(step)
 

@@ -122,10 +122,6 @@ def _llm_models(parsed: ParsedText) -> set[str]:
     return models
 
 
-SHAPE_NAMES = (REQUEST_METRICS, KV_BLOCKS, f"{INPUT_TOKENS}_count", f"{OUTPUT_TOKENS}_count", f"{FIRST_RESPONSE}_count")
-"""the samples whose label sets the hook's :class:`HookLayout` is made from."""
-
-
 @dataclass(frozen=True)
 class HookLayout:
     """What the hook makes of a page's label sets alone, once per shape (:func:`derive`)."""
@@ -160,8 +156,7 @@ def _layout(parsed: ParsedText, ctx: TranslateContext) -> HookLayout:
 
 def hook(parsed: ParsedText, ctx: TranslateContext, snap: Snapshot) -> None:
     """Request counters for the TensorRT-LLM models, capacity and prefix hits from block gauges."""
-    shape = tuple([lbl for lbl, _ in parsed.get(name)] for name in SHAPE_NAMES)
-    layout = derive(ctx.memo, hook, shape, lambda: _layout(parsed, ctx))
+    layout = derive(ctx.memo, hook, parsed, lambda: _layout(parsed, ctx))
     llm_models = layout.llm_models
 
     def accept(labels: Labels) -> bool:

@@ -273,8 +273,7 @@ def _layout(parsed: ParsedText, ctx: TranslateContext) -> HookLayout:
 
 def hook(parsed: ParsedText, ctx: TranslateContext, snap: Snapshot) -> None:
     """Capacity, prefix-cache lookups and the info series (the session adds the JSON-derived signals)."""
-    shape = tuple([labels for labels, _ in parsed.get(name)] for name in (*VALUE_NAMES, *CACHE_INFO))
-    layout = derive(ctx.memo, hook, shape, lambda: _layout(parsed, ctx))
+    layout = derive(ctx.memo, hook, parsed, lambda: _layout(parsed, ctx))
     per_model: dict[str, dict[str, float]] = {}
     for name, models in layout.picks:
         for model, (_, value) in zip(models, parsed.get(name), strict=True):

@@ -445,7 +445,8 @@ class TrtllmSession(EngineSession):
         if covered and not self.covered:
             self._checked_at = time.monotonic()
         self.covered = covered
-        self.stats.apply(ctx, snap, present)
+        if not covered:  # (covered: the stats have nothing to add)
+            self.stats.apply(ctx, snap, present)
 
 
 ADAPTER = EngineAdapter(

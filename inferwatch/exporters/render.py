@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import functools
+import operator
 from collections.abc import Iterable
+from typing import Any
 
 from inferwatch.core import vocabulary as V
 from inferwatch.exporters.samples import HistogramValue, SeriesKey, Snapshot
@@ -47,11 +49,13 @@ def le_suffixes(bounds: tuple[float, ...]) -> tuple[str, ...]:
 LABEL_TEXTS_LIMIT = 100_000
 """most series keys whose label text a snapshot's :attr:`~Snapshot.label_texts` memo keeps."""
 
-_Layout = tuple[object, tuple[SeriesKey, ...], tuple[str, ...]]
+_Layout = tuple[object, Any, tuple[str, ...]]
 """one family's lines as the last render laid them out: what its series were (its ``# HELP`` and
 ``# TYPE`` lines and its keys in the snapshot's order; a histogram's with each key's boundaries and
-bucket count), the keys in output order, and each line's text up to its value (the first line's with
-the family's HELP and TYPE lines before it)."""
+bucket count); how its values come in output order (a counter's or gauge's: ``None`` when in the
+snapshot's order, else an ``operator.itemgetter`` of their positions in it, so that no key is hashed
+again; a histogram's: its keys in output order); and each line's text up to its value (the first
+line's with the family's HELP and TYPE lines before it)."""
 
 
 class RenderCache:
@@ -113,7 +117,8 @@ def render(
                 layout = layouts.get(spec)
                 if layout is None or layout[0] != (header, keys):
                     layout = layouts[spec] = _value_layout(spec, header, keys, texts)
-                numbers.extend(map(series.__getitem__, layout[1]))
+                pick = layout[1]
+                numbers.extend(series.values() if pick is None else pick(tuple(series.values())))
                 used.append(layout)
     if not used:
         return ""
@@ -145,13 +150,14 @@ def _inner(key: SeriesKey, texts: dict[SeriesKey, str]) -> str:
 
 
 def _value_layout(spec: V.MetricSpec, header: str, keys: tuple[SeriesKey, ...], texts: dict[SeriesKey, str]) -> _Layout:
-    order = tuple(sorted(keys))
+    at = sorted(range(len(keys)), key=keys.__getitem__)  # the keys' positions, in output order
     prefixes = []
-    for key in order:
-        inner = _inner(key, texts)
+    for i in at:
+        inner = _inner(keys[i], texts)
         prefixes.append(f"{spec.name}{{{inner}}} " if inner else f"{spec.name} ")
     prefixes[0] = header + prefixes[0]
-    return (header, keys), order, tuple(prefixes)
+    pick = None if at == list(range(len(keys))) else operator.itemgetter(*at)
+    return (header, keys), pick, tuple(prefixes)
 
 
 def _histogram_values(

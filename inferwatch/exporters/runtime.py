@@ -207,6 +207,8 @@ class TargetScraper:
     """the engine's session for this target; ``None`` until an ``auto`` target's engine is detected."""
     facts: EngineFacts = field(default_factory=EngineFacts)
     _facts_at: float = -1e18
+    _facts_known: bool = False
+    """whether :attr:`facts` says anything (else they are asked for at each scrape)."""
     _last_error: str | None = None
     _ever_ok: bool = False
     _flight: Flight | None = None
@@ -253,7 +255,7 @@ class TargetScraper:
         if adapter.info_path is None or adapter.parse_info is None:
             return
         now = self.clock()
-        if now - self._facts_at < FACTS_REFRESH_SECONDS and self.facts != _NO_FACTS:
+        if now - self._facts_at < FACTS_REFRESH_SECONDS and self._facts_known:
             return
         self._facts_at = now
         try:
@@ -264,6 +266,7 @@ class TargetScraper:
             log.debug("target %s: no engine facts from %s: %s", self.target.label, adapter.info_path, exc)
             return
         self.facts = adapter.parse_info(body)
+        self._facts_known = self.facts != _NO_FACTS  # (made once here, not compared field by field each scrape)
 
     # -- one scrape -------------------------------------------------------------------------
     def _payload(self, request: EngineRequest) -> tuple[EngineSession | None, str]:
@@ -408,7 +411,7 @@ class TargetScraper:
         if gpu is not None:
             snap = merge_snapshots([snap, gpu])
         self._state_ok()
-        if snap.unmapped:
+        if snap.unmapped and log.isEnabledFor(logging.DEBUG):  # (not joined at each scrape for nothing)
             log.debug("target %s: unmapped families: %s", self.target.label, ", ".join(snap.unmapped))
         return with_health(snap, self.target.label, adapter.name, self.target.labels, self.clock() - start)
 

@@ -140,6 +140,15 @@ def test_what_is_not_a_whole_answer_fails_the_scrape_with_its_reason(answer: byt
         connections.close()
 
 
+def test_a_long_body_of_known_length_is_read_whole_across_reads() -> None:
+    body = b"a_gauge 1\n" * 30_000  # 300 KB: several reads after the head's
+    with canned(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)) as (url, _):
+        connections = fetching.Connections()
+        assert fetch(url, connections) == body.decode()
+        assert kept(connections) == 1
+        connections.close()
+
+
 def test_without_a_pool_the_request_asks_to_close() -> None:
     with canned(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(BODY), BODY)) as (url, heads):
         assert fetch(url) == BODY.decode()

@@ -7,7 +7,10 @@ stop moving for the checks at the end), and four real processes run: Prometheus 
 (*direct*); Prometheus scraping it with ``metric_relabel_configs`` that rename the engine's families and
 labels to the canonical ones (the user's alternative to a sidecar, *relabel*); the exporter
 (``inferwatch exporter serve``) in front of the page; and Prometheus scraping the exporter. Every
-Prometheus scrapes each second.
+Prometheus scrapes each second. The pages are measured at once, each with its own page servers and
+processes, so that each is measured for the whole run (300 s; 120 s with ``--quick``): at one scrape a
+second, a Prometheus's CPU per scrape moved by a third between runs of 20 s (as its periodic work
+fell in the window or not), and a page after another left 20 s to each in a 3-minute run.
 
 Measured over the run, after a warm-up: each process's CPU time, divided by the scrapes it served or
 made (the page servers count the requests). The CPU time is the sum of the process's threads'
@@ -30,8 +33,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -297,7 +299,7 @@ class _Side:
     def hits(self) -> int:
         return self.server.hits.get(self.path, 0)
 
-    def settled(self) -> tuple[CpuReading, int]:
+    def settled(self) -> Reading:
         """CPU time and requests just after a scrape ended (so that none is half counted)."""
         before = self.hits()
         deadline = time.monotonic() + 5
@@ -307,75 +309,122 @@ class _Side:
         return CpuReading.of(self.pid), self.hits()
 
 
-@contextmanager
-def _servers(page: Page) -> Iterator[dict[str, PageServer]]:
+@dataclass
+class Running:
+    """One page's page servers and processes, started (see :func:`start`)."""
+
+    page: Page
+    adapter: EngineAdapter
+    servers: dict[str, PageServer]
+    procs: Processes
+    proms: dict[str, tuple[int, int]]
+    """each Prometheus's process id and port."""
+    sides: dict[str, _Side]
+
+    def close(self) -> None:
+        try:
+            self.procs.close()
+        finally:
+            for server in self.servers.values():
+                server.stop()
+
+
+def start(page: Page, prometheus: str, tmp: Path) -> Running:
+    """Start ``page``'s page servers, the exporter in front of one, and the three Prometheus servers."""
+    adapter = builtin_registry().get(page.engine)
+    procs = Processes(tmp / "logs", cwd=ROOT)
     servers = {side: PageServer(page.routes, page.path) for side in SIDES}
+    running = Running(page, adapter, servers, procs, {}, {})
     try:
         for server in servers.values():
             server.start()
-        yield servers
-    finally:
-        for server in servers.values():
-            server.stop()
+        exporter_port = free_port()
+        cmd = [*INFERWATCH, "exporter", "serve", "--engine", page.engine, "--listen", f"127.0.0.1:{exporter_port}"]
+        cmd += ["--target", servers["exporter"].url + page.path, "--log-level", "error"]
+        for name, value in page.options.items():
+            cmd += ["--engine-option", f"{name}={value}"]
+        exporter = procs.spawn("exporter", cmd)
+        procs.wait_http("exporter", f"http://127.0.0.1:{exporter_port}/healthz")
+        jobs = {
+            "direct": (servers["direct"].url, page.path, []),
+            "relabel": (servers["relabel"].url, page.path, relabel_rules(adapter)),
+            "via": (f"http://127.0.0.1:{exporter_port}", "/metrics", []),
+        }
+        for name, (url, path, rules) in jobs.items():
+            port = free_port()
+            write_config(tmp / f"{name}.yml", name, url.removeprefix("http://"), path, rules)
+            proc = procs.spawn(name, prometheus_cmd(prometheus, tmp / f"{name}.yml", tmp / f"data-{name}", port))
+            procs.wait_http(name, f"http://127.0.0.1:{port}/-/ready")
+            running.proms[name] = (proc.pid, port)
+        running.sides = {
+            "direct": _Side(servers["direct"], page.path, running.proms["direct"][0]),
+            "relabel": _Side(servers["relabel"], page.path, running.proms["relabel"][0]),
+            "via": _Side(servers["exporter"], page.path, running.proms["via"][0]),
+            "exporter": _Side(servers["exporter"], page.path, exporter.pid),
+        }
+    except BaseException:
+        running.close()
+        raise
+    return running
 
 
-def run(page: Page, prometheus: str, warmup: float, seconds: float, tmp: Path) -> Figures:
-    """Start the four processes for ``page``, measure ``seconds`` after ``warmup``, check, stop."""
-    adapter = builtin_registry().get(page.engine)
-    procs = Processes(tmp / "logs", cwd=ROOT)
-    with _servers(page) as servers:
+Reading = tuple[CpuReading, int]
+
+
+def figures(running: Running, start: dict[str, Reading], end: dict[str, Reading], seconds: float) -> Figures:
+    """CPU per scrape of each process of ``running`` between its two settled readings, and the checks."""
+    per_scrape = {}
+    counted = {}
+    for name in running.sides:
+        counted[name] = end[name][1] - start[name][1]
+        per_scrape[name] = end[name][0].since(start[name][0]) / max(1, counted[name]) * 1000
+    problems = [f"{name}: {n} scrapes counted" for name, n in counted.items() if n < seconds / 2]
+    compared = check(running.adapter, {name: port for name, (_, port) in running.proms.items()}, problems)
+    return Figures(
+        running.page,
+        per_scrape["direct"],
+        per_scrape["relabel"],
+        per_scrape["via"],
+        per_scrape["exporter"],
+        min(counted.values()),
+        compared,
+        problems,
+    )
+
+
+def run(chosen: list[Page], prometheus: str, warmup: float, seconds: float, tmp: Path) -> list[Figures]:
+    """Start every page's processes (the pages at once: see the module docstring), measure ``seconds``
+    after ``warmup``, check, stop."""
+    runs: list[Running] = []
+    with ThreadPoolExecutor(max_workers=4 * len(chosen)) as pool:
+        started = [pool.submit(start, page, prometheus, tmp / f"page-{i}") for i, page in enumerate(chosen)]
         try:
-            exporter_port = free_port()
-            cmd = [*INFERWATCH, "exporter", "serve", "--engine", page.engine, "--listen", f"127.0.0.1:{exporter_port}"]
-            cmd += ["--target", servers["exporter"].url + page.path, "--log-level", "error"]
-            for name, value in page.options.items():
-                cmd += ["--engine-option", f"{name}={value}"]
-            exporter = procs.spawn("exporter", cmd)
-            procs.wait_http("exporter", f"http://127.0.0.1:{exporter_port}/healthz")
-            proms: dict[str, tuple[int, int]] = {}
-            jobs = {
-                "direct": (servers["direct"].url, page.path, []),
-                "relabel": (servers["relabel"].url, page.path, relabel_rules(adapter)),
-                "via": (f"http://127.0.0.1:{exporter_port}", "/metrics", []),
-            }
-            for name, (url, path, rules) in jobs.items():
-                port = free_port()
-                write_config(tmp / f"{name}.yml", name, url.removeprefix("http://"), path, rules)
-                proc = procs.spawn(name, prometheus_cmd(prometheus, tmp / f"{name}.yml", tmp / f"data-{name}", port))
-                procs.wait_http(name, f"http://127.0.0.1:{port}/-/ready")
-                proms[name] = (proc.pid, port)
-            sides = {
-                "direct": _Side(servers["direct"], page.path, proms["direct"][0]),
-                "relabel": _Side(servers["relabel"], page.path, proms["relabel"][0]),
-                "via": _Side(servers["exporter"], page.path, proms["via"][0]),
-                "exporter": _Side(servers["exporter"], page.path, exporter.pid),
-            }
+            failure: BaseException | None = None
+            for future in started:
+                try:
+                    runs.append(future.result())
+                except BaseException as exc:  # the others are stopped below, then this is raised
+                    failure = failure or exc
+            if failure is not None:
+                raise failure
             time.sleep(warmup)
-            start = {name: side.settled() for name, side in sides.items()}
+            sides = [(i, name, side) for i, r in enumerate(runs) for name, side in r.sides.items()]
+            # each side's reading just after one of its scrapes ended, all sides at once
+            first = list(pool.map(lambda entry: entry[2].settled(), sides))
             time.sleep(seconds)
-            end = {name: side.settled() for name, side in sides.items()}
-            for server in servers.values():  # the values stop moving: every side's last scrape reads them
-                server.hold()
+            last = list(pool.map(lambda entry: entry[2].settled(), sides))
+            for r in runs:  # the values stop moving: every side's last scrape reads them
+                for server in r.servers.values():
+                    server.hold()
             time.sleep(2.5)
-            per_scrape = {}
-            counted = {}
-            for name in sides:
-                counted[name] = end[name][1] - start[name][1]
-                per_scrape[name] = end[name][0].since(start[name][0]) / max(1, counted[name]) * 1000
-            problems = [f"{name}: {n} scrapes counted" for name, n in counted.items() if n < seconds / 2]
-            compared = check(adapter, {name: port for name, (_, port) in proms.items()}, problems)
-            return Figures(
-                page,
-                per_scrape["direct"],
-                per_scrape["relabel"],
-                per_scrape["via"],
-                per_scrape["exporter"],
-                min(counted.values()),
-                compared,
-                problems,
-            )
+            out = []
+            for i, r in enumerate(runs):
+                start_of = {name: first[k] for k, (j, name, _) in enumerate(sides) if j == i}
+                end_of = {name: last[k] for k, (j, name, _) in enumerate(sides) if j == i}
+                out.append(figures(r, start_of, end_of, seconds))
+            return out
         finally:
-            procs.close()
+            list(pool.map(Running.close, runs))
 
 
 def _query(port: int, promql: str) -> dict[str, float]:
@@ -435,25 +484,23 @@ def row(f: Figures) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="20 s per page instead of 60 (under 3 minutes)")
-    parser.add_argument("--seconds", type=float, help="measured seconds per page (default 60, 20 with --quick)")
+    parser.add_argument("--quick", action="store_true", help="120 s measured instead of 300 (under 3 minutes)")
+    parser.add_argument("--seconds", type=float, help="measured seconds (default 300, 120 with --quick)")
     parser.add_argument("--warmup", type=float, default=3.0, help="seconds before measuring (default 3)")
     parser.add_argument("--only", help="run the pages whose label contains this text")
     args = parser.parse_args()
-    seconds = args.seconds or (20.0 if args.quick else 60.0)
+    seconds = args.seconds or (120.0 if args.quick else 300.0)
     prometheus = shutil.which("prometheus")
     if prometheus is None:
         print("FAIL: prometheus not found (Debian package 'prometheus'; `make install` installs it)", file=sys.stderr)
         return 1
     chosen = [p for p in pages() if args.only is None or args.only.lower() in p.label.lower()]
-    print(f"CPU ms per scrape, {seconds:g} s per page at one scrape a second; ratio = exporter / relabel")
+    print(f"CPU ms per scrape, the pages at once for {seconds:g} s, one scrape a second; ratio = exporter / relabel")
+    with tempfile.TemporaryDirectory() as tmp:
+        results = run(chosen, prometheus, args.warmup, seconds, Path(tmp))
     print(HEADER)
-    results = []
-    for page in chosen:
-        with tempfile.TemporaryDirectory() as tmp:
-            figures = run(page, prometheus, args.warmup, seconds, Path(tmp))
-        results.append(figures)
-        print(row(figures), flush=True)
+    for figures_of_page in results:
+        print(row(figures_of_page))
     failed = False
     for f in results:
         print(f"  {f.page.label}: {f.scrapes} scrapes each, {f.compared} canonical names compared")

@@ -301,3 +301,23 @@ def test_bad_engine_options_are_refused_up_front(registry: EngineRegistry) -> No
     target = TargetConfig(url="http://127.0.0.1:1", engine=V.ENGINE_TGI, options={"max_batch_total_tokens": 0})
     with pytest.raises(ConfigError, match=r"targets\.0\.options\.max_batch_total_tokens"):
         make_exporter(registry, target)
+
+
+def test_a_replayed_engine_takes_a_client_reset_quietly(capsys: pytest.CaptureFixture[str]) -> None:
+    """A scraper stopped mid keep-alive resets its connection: the replay server says nothing of it (the
+    benchmarks stop many scrapers at the end of a run); other errors are still printed."""
+    import socket
+    import struct
+
+    server = ReplayServer({"/metrics": (TEXT, b"a_gauge 1\n")}, keep_alive=True)
+    server.start()
+    try:
+        conn = socket.create_connection(("127.0.0.1", int(server.url.rsplit(":", 1)[1])), timeout=5)
+        conn.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert conn.recv(4096).startswith(b"HTTP/1.1 200")
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        conn.close()  # with linger 0: a reset
+        time.sleep(0.3)
+    finally:
+        server.stop()
+    assert "Traceback" not in capsys.readouterr().err

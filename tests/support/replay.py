@@ -6,11 +6,13 @@
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 from inferwatch.exporters.engines import EngineRegistry
 from tests.support.fixtures import load_fixture_meta
@@ -72,6 +74,11 @@ class ReplayServer:
         class Server(ThreadingHTTPServer):
             request_queue_size = replay.backlog
             daemon_threads = True
+
+            def handle_error(self, request: Any, client_address: Any) -> None:
+                if isinstance(sys.exc_info()[1], ConnectionError):
+                    return  # a client that went away (a scraper stopped at the end of a run): not news
+                super().handle_error(request, client_address)
 
         self._server = Server((self.host, self.port), Handler)
         self._thread = threading.Thread(target=self._server.serve_forever, name="replay", daemon=True)

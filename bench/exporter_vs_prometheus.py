@@ -392,11 +392,17 @@ def figures(running: Running, start: dict[str, Reading], end: dict[str, Reading]
     )
 
 
+def _readings(running: Running) -> dict[str, Reading]:
+    """Every side of ``running`` read just after one of its scrapes ended (the sides waited for at once)."""
+    with ThreadPoolExecutor(max_workers=len(running.sides)) as pool:
+        return dict(zip(running.sides, pool.map(_Side.settled, running.sides.values()), strict=True))
+
+
 def run(chosen: list[Page], prometheus: str, warmup: float, seconds: float, tmp: Path) -> list[Figures]:
     """Start every page's processes (the pages at once: see the module docstring), measure ``seconds``
     after ``warmup``, check, stop."""
     runs: list[Running] = []
-    with ThreadPoolExecutor(max_workers=4 * len(chosen)) as pool:
+    with ThreadPoolExecutor(max_workers=len(chosen)) as pool:
         started = [pool.submit(start, page, prometheus, tmp / f"page-{i}") for i, page in enumerate(chosen)]
         try:
             failure: BaseException | None = None
@@ -408,21 +414,15 @@ def run(chosen: list[Page], prometheus: str, warmup: float, seconds: float, tmp:
             if failure is not None:
                 raise failure
             time.sleep(warmup)
-            sides = [(i, name, side) for i, r in enumerate(runs) for name, side in r.sides.items()]
-            # each side's reading just after one of its scrapes ended, all sides at once
-            first = list(pool.map(lambda entry: entry[2].settled(), sides))
+            # each side's reading just after one of its scrapes ended, every page's sides at once
+            first = list(pool.map(_readings, runs))
             time.sleep(seconds)
-            last = list(pool.map(lambda entry: entry[2].settled(), sides))
+            last = list(pool.map(_readings, runs))
             for r in runs:  # the values stop moving: every side's last scrape reads them
                 for server in r.servers.values():
                     server.hold()
             time.sleep(2.5)
-            out = []
-            for i, r in enumerate(runs):
-                start_of = {name: first[k] for k, (j, name, _) in enumerate(sides) if j == i}
-                end_of = {name: last[k] for k, (j, name, _) in enumerate(sides) if j == i}
-                out.append(figures(r, start_of, end_of, seconds))
-            return out
+            return [figures(r, a, b, seconds) for r, a, b in zip(runs, first, last, strict=True)]
         finally:
             list(pool.map(Running.close, runs))
 
